@@ -1,0 +1,971 @@
+"""The CXL-SSD controller: composes the components and answers device requests.
+
+Request path (MQSim-like layering): host interface (:mod:`.request`) -> promoted-page
+check -> write log (:mod:`.writelog`) / data cache (:mod:`.cache`) -> FTL
+(:mod:`.ftl`) -> transaction scheduling (:mod:`.scheduler`) -> flash timings.
+
+:meth:`Controller.process` is the one entry point: a numpy array of
+:data:`~.request.REQUEST_DTYPE` in, an array of :data:`~.request.RESPONSE_DTYPE` out,
+in stream order. The live driver hands it ring chunks; the replay driver hands it
+trace chunks; :meth:`Controller.submit` is a one-element batch. The model's
+semantics are those of :meth:`Controller._step` (one request). For speed, runs of
+requests that are *simple* against the state at the start of the run (hits on
+promoted pages, the log or the cache; log appends below the flush level; no
+promotion trigger) are applied with numpy in :meth:`Controller._apply_simple`, which
+must give exactly what ``_step`` would; other requests go through
+:meth:`Controller._run_fast`, ``_step`` written out inline for speed (it calls
+``_step`` itself for the rare cases). ``tests/firmware/test_controller.py`` and
+``test_fast_path.py`` check both against ``vectorize=False`` (``_step`` only).
+
+Timebase: with ``timebase="compute"`` (synthetic traces) a request's ``time_ns``
+excludes memory stalls and the controller adds the stall it has charged that vCPU
+so far (closed loop); with ``"issue"`` (a driver whose clock already includes
+stalls) ``time_ns`` is used as is.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cxlssd.errors import InputError
+from cxlssd.firmware.cache import (
+    REPLACEMENT_POLICIES,
+    DataCache,
+    FifoPolicy,
+    LruPolicy,
+    assign_last,
+)
+from cxlssd.firmware.context_switch import (
+    CONTEXT_SWITCH_POLICIES,
+    ContextSwitchPolicy,
+    NeverSwitch,
+    ThresholdSwitch,
+)
+from cxlssd.firmware.flash import FlashBackend
+from cxlssd.firmware.ftl import GC_VICTIM_POLICIES, PageFtl
+from cxlssd.firmware.migration import MIGRATION_POLICIES, MigrationConfig, MigrationPolicy
+from cxlssd.firmware.profile import Profile
+from cxlssd.firmware.request import (
+    FLAG_DIRTY,
+    LINE_BYTES,
+    PAGE_BYTES,
+    PAGE_SHIFT,
+    REQUEST_DTYPE,
+    RESPONSE_DTYPE,
+    Op,
+    Source,
+)
+from cxlssd.firmware.scheduler import FlashTimeline
+from cxlssd.firmware.writelog import ALL_LINES, WriteLog
+
+log = logging.getLogger(__name__)
+
+TIMEBASES = ("compute", "issue")
+_LINE_MASK = 63
+# vectorised-run window (requests): start, floor, ceiling; below the floor the
+# controller runs _SCALAR_RUN requests one by one, and tries numpy again (with a
+# _VEC_MIN window) only if they ended with at least _VEC_MIN simple requests in a
+# row: a numpy run costs ~100 us however short, the per-request path ~1 us a request
+_VEC_START, _VEC_MIN, _VEC_MAX, _SCALAR_RUN = 256, 64, 1 << 16, 1024
+
+
+@dataclass(frozen=True)
+class Latencies:
+    """Fixed latencies (ns), SkyByte's by default."""
+
+    cxl_link_ns: int = 40
+    index_ns: int = 72
+    log_append_ns: int = 86
+    hit_ns: int = 158
+    host_dram_ns: int = 46
+
+    def by_source(self) -> np.ndarray:
+        """Latency of a simple (non-flash) access by :class:`Source` (reads; appends
+        use ``cxl_link_ns + log_append_ns``)."""
+        table = np.zeros(len(Source), dtype=np.int64)
+        table[Source.LOG] = table[Source.CACHE] = self.cxl_link_ns + self.hit_ns
+        table[Source.PROMOTED] = table[Source.DRAM] = self.host_dram_ns
+        return table
+
+
+@dataclass
+class ModelCounters:
+    """Per-request accounting (flash, log and cache keep their own counters)."""
+
+    requests: int = 0  # reads + writes
+    reads: int = 0
+    writes: int = 0
+    notifications: int = 0  # Op.PROMOTED / Op.DEMOTED records
+    served: dict[str, int] = field(default_factory=lambda: {s.name.lower(): 0 for s in Source})
+    cache_hits: int = 0
+    cache_misses: int = 0
+    latency_ns_total: int = 0  # sum of modelled latencies
+    stall_ns_total: int = 0  # what the vCPUs were charged (latency, or switch cost)
+    long_delays: int = 0
+    long_delay_latency_ns: int = 0  # latency hidden behind context switches
+    promotions_decided: int = 0
+    demotions_decided: int = 0
+    promotions_applied: int = 0
+    demotions_applied: int = 0
+    dirty_demotions: int = 0
+
+
+class Controller:
+    """One modelled CXL-SSD (or the DRAM-only ideal): state, policies and counters."""
+
+    def __init__(
+        self,
+        *,
+        device_pages: int,
+        latencies: Latencies,
+        cache: DataCache | None,
+        flash: FlashBackend | None,
+        write_log: WriteLog | None = None,
+        migration: MigrationPolicy | None = None,
+        host_capacity_pages: int = 0,
+        auto_apply: bool = True,
+        context_switch: ContextSwitchPolicy | None = None,
+        timebase: str = "compute",
+        vectorize: bool = True,
+    ) -> None:
+        if timebase not in TIMEBASES:
+            raise ValueError(f"timebase must be one of {TIMEBASES}, got {timebase!r}")
+        self.dram_only = cache is None
+        self.device_pages = device_pages
+        self.latencies = latencies
+        self.cache = cache
+        self.flash = flash
+        self.log = write_log
+        self.migration = migration
+        self.host_capacity_pages = host_capacity_pages
+        self.auto_apply = auto_apply
+        self.context_switch: ContextSwitchPolicy = context_switch or CONTEXT_SWITCH_POLICIES.get(
+            "never"
+        )()
+        self.compute_timebase = timebase == "compute"
+        self.vectorize = vectorize
+        self.counters = ModelCounters()
+        self._lat_table = latencies.by_source()
+        self._lat_hit = latencies.cxl_link_ns + latencies.hit_ns
+        self._lat_append = latencies.cxl_link_ns + latencies.log_append_ns
+        self._seq = 0  # requests served so far (recency stamps)
+        self._vcpu_stall_ns = [0] * (1 << 16)  # charged stall per vCPU (compute timebase)
+        self._vec_window = _VEC_START
+        self._clock_ns = 0
+        # promotion state, per device page
+        self.promoted = np.zeros(device_pages, dtype=bool)
+        self.promoted_dirty = np.zeros(device_pages, dtype=bool)
+        self.pending = np.zeros(device_pages, dtype=bool)  # decided, not yet carried out
+        self._pending_count = 0  # pending.sum(), kept up to date
+        self.last_access = np.zeros(device_pages, dtype=np.int64)  # of promoted pages
+        self._promoted_set: set[int] = set()
+        self._pending_demotions: set[int] = set()
+        self.hit_count = np.zeros(device_pages, dtype=np.uint16)
+        self.hit_epoch = np.zeros(device_pages, dtype=np.int32)  # window of hit_count
+        self._epoch = 0
+        self._window_left = migration.window_accesses if migration else 0
+        self._window_promoted = 0
+
+    # ----------------------------------------------------------------- building
+
+    @classmethod
+    def from_profile(
+        cls, profile: Profile, timebase: str = "compute", vectorize: bool = True
+    ) -> Controller:
+        """Compose a controller from a resolved :class:`~.profile.Profile`."""
+        p = profile
+        device_pages = p["device.capacity_bytes"] // PAGE_BYTES
+        latencies = Latencies(**{k: p[f"latency.{k}"] for k in Latencies.__dataclass_fields__})
+        if p["kind"] == "dram-only":
+            return cls(
+                device_pages=device_pages, latencies=latencies, cache=None, flash=None,
+                timebase=timebase, vectorize=vectorize,
+            )
+        timeline = FlashTimeline(
+            p["flash.channels"], p["flash.dies_per_channel"], p["flash.read_ns"],
+            p["flash.program_ns"], p["flash.erase_ns"], p["flash.transfer_ns"],
+        )
+        ftl = PageFtl(
+            device_pages, timeline.n_dies, p["flash.pages_per_block"],
+            p["flash.overprovisioning"], p["gc.free_threshold"],
+            GC_VICTIM_POLICIES.get(p["gc.victim"])(), p["flash.precondition"],
+        )
+        flash = FlashBackend(ftl, timeline)
+        log_bytes = p["write_log.size_bytes"] if p["write_log.enabled"] else 0
+        cache_pages = (p["ssd_dram.size_bytes"] - log_bytes) // PAGE_BYTES
+        ways = p["cache.ways"]
+        policy = REPLACEMENT_POLICIES.get(p["cache.policy"])(cache_pages // ways * ways)
+        cache = DataCache(device_pages, cache_pages, ways, policy)
+        write_log = None
+        if p["write_log.enabled"]:
+            write_log = WriteLog(
+                device_pages, log_bytes // p["write_log.entry_bytes"],
+                p["write_log.flush_threshold"], cache, flash,
+            )
+        migration = None
+        if p["migration.enabled"]:
+            config = MigrationConfig(
+                **{k: p[f"migration.{k}"] for k in MigrationConfig.__dataclass_fields__}
+            )
+            migration = MIGRATION_POLICIES.get(p["migration.policy"])(config)
+        switch = None
+        if p["context_switch.enabled"]:
+            switch = CONTEXT_SWITCH_POLICIES.get(p["context_switch.policy"])(
+                p["context_switch.threshold_ns"], p["context_switch.switch_cost_ns"]
+            )
+        return cls(
+            device_pages=device_pages, latencies=latencies, cache=cache, flash=flash,
+            write_log=write_log, migration=migration,
+            host_capacity_pages=p["migration.host_capacity_bytes"] // PAGE_BYTES,
+            auto_apply=p["migration.auto_apply"], context_switch=switch,
+            timebase=timebase, vectorize=vectorize,
+        )
+
+    # ----------------------------------------------------------------- public API
+
+    def process(self, requests: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Serve ``requests`` (REQUEST_DTYPE) in order; returns RESPONSE_DTYPE records.
+
+        ``out`` may be a preallocated response array of the same length.
+        """
+        self._check(requests)
+        n = requests.shape[0]
+        if out is None:
+            out = np.empty(n, dtype=RESPONSE_DTYPE)
+        out["promote_page"] = -1
+        out["demote_page"] = -1
+        pos = 0
+        while pos < n:
+            if self.vectorize and self._vec_window:
+                stop = min(n, pos + self._vec_window)
+                if self.migration is not None:
+                    stop = min(stop, pos + self._window_left)
+                done = self._apply_simple(requests, out, pos, stop)
+                pos += done
+                if pos == stop:
+                    self._vec_window = min(2 * self._vec_window, _VEC_MAX)
+                    continue
+                if done < 16:
+                    self._vec_window //= 2
+                    if self._vec_window < _VEC_MIN:
+                        self._vec_window = 0
+                stop = pos + 1  # the request that was not simple
+                self._run_scalar(requests, out, pos, stop)
+            elif self.vectorize:
+                stop = min(n, pos + _SCALAR_RUN)
+                if self._run_fast(requests, out, pos, stop) >= _VEC_MIN:
+                    self._vec_window = _VEC_MIN
+            else:
+                stop = min(n, pos + _SCALAR_RUN)
+                self._run_scalar(requests, out, pos, stop)
+            pos = stop
+        return out
+
+    def submit(
+        self, time_ns: int, addr: int, op: int = Op.READ, vcpu: int = 0, size: int = LINE_BYTES,
+        flags: int = 0,
+    ) -> np.void:
+        """Serve one request (a one-element :meth:`process`); returns its response."""
+        request = np.zeros(1, dtype=REQUEST_DTYPE)
+        request[0] = (time_ns, addr, vcpu, size, op, flags, 0)
+        return self.process(request)[0]
+
+    def host_promoted(self, page: int) -> None:
+        """The host finished promoting ``page`` (DPA >> 12) into its DRAM."""
+        self._apply_promotion(page)
+
+    def host_demoted(self, page: int, dirty: bool = False) -> None:
+        """The host moved ``page`` back to the device (``dirty``: written while promoted)."""
+        self._apply_demotion(page, dirty, self._now())
+
+    def promoted_pages(self) -> np.ndarray:
+        """Pages currently in host DRAM, sorted."""
+        return np.array(sorted(self._promoted_set), dtype=np.int64)
+
+    def pending_promotions(self) -> np.ndarray:
+        """Pages the firmware decided to promote that the host has not promoted yet."""
+        return np.flatnonzero(self.pending)
+
+    @property
+    def threshold(self) -> int | None:
+        """The migration policy's current promotion threshold (None without migration)."""
+        return self.migration.threshold if self.migration is not None else None
+
+    def counter_dict(self) -> dict[str, Any]:
+        """Every counter, nested by component, plus derived rates."""
+        c = self.counters
+        out: dict[str, Any] = {"model": asdict(c)}
+        lookups = c.cache_hits + c.cache_misses
+        out["model"]["cache_hit_rate"] = c.cache_hits / lookups if lookups else 0.0
+        out["model"]["mean_latency_ns"] = c.latency_ns_total / c.requests if c.requests else 0.0
+        if self.flash is not None:
+            out["flash"] = self.flash.counters.as_dict()
+            host_bytes = c.writes * LINE_BYTES
+            programmed = out["flash"]["programs_total"] * PAGE_BYTES
+            # device-level: bytes programmed per byte the host wrote
+            out["flash"]["device_write_amplification"] = (
+                programmed / host_bytes if host_bytes else 0.0
+            )
+        if self.cache is not None:
+            out["cache"] = {
+                "capacity_pages": self.cache.n_slots,
+                "occupied_pages": self.cache.occupancy(),
+                "evictions": self.cache.evictions,
+                "dirty_evictions": self.cache.dirty_evictions,
+            }
+        if self.log is not None:
+            out["write_log"] = self.log.counters.as_dict()
+            out["write_log"]["capacity_entries"] = self.log.capacity
+        if self.migration is not None:
+            history = getattr(self.migration, "history", [])
+            out["migration"] = {
+                "threshold": self.migration.threshold,
+                "promoted_pages": len(self._promoted_set),
+                "threshold_history": [h[0] for h in history],
+                "promoted_share_history": [round(h[1], 6) for h in history],
+            }
+        return out
+
+    # ----------------------------------------------------------------- internals
+
+    def _now(self) -> int:
+        """The latest request start seen: when host notifications take effect."""
+        return self._clock_ns
+
+    def _check(self, requests: np.ndarray) -> None:
+        if requests.dtype != REQUEST_DTYPE:
+            raise InputError(
+                f"requests must be a numpy array of REQUEST_DTYPE, got dtype {requests.dtype}"
+            )
+        if requests.shape[0] == 0:
+            return
+        bad = (requests["op"] > Op.DEMOTED) | (requests["addr"] >> PAGE_SHIFT >= self.device_pages)
+        rw = requests["op"] <= Op.WRITE
+        offset = requests["addr"] & _LINE_MASK
+        bad |= rw & ((requests["size"] == 0) | (offset + requests["size"] > LINE_BYTES))
+        if bad.any():
+            i = int(np.argmax(bad))
+            r = requests[i]
+            raise InputError(
+                f"request {i} is invalid (op={r['op']}, addr={r['addr']:#x}, size={r['size']}): "
+                f"ops are 0-3, addresses must be below the device capacity "
+                f"({self.device_pages * PAGE_BYTES} bytes; raise device.capacity_bytes), "
+                f"reads/writes must be 1-{LINE_BYTES} bytes within one {LINE_BYTES} B line"
+            )
+
+    def _run_scalar(self, requests: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
+        chunk = requests[lo:hi]
+        results = [
+            self._step(*fields)
+            for fields in zip(
+                chunk["time_ns"].tolist(), chunk["addr"].tolist(), chunk["vcpu"].tolist(),
+                chunk["op"].tolist(), chunk["flags"].tolist(), strict=True,
+            )
+        ]
+        columns = list(zip(*results, strict=True))
+        for name, column in zip(
+            ("start_ns", "latency_ns", "source", "long_delay", "promote_page", "demote_page"),
+            columns, strict=True,
+        ):
+            out[name][lo:hi] = column
+        out["ready_ns"][lo:hi] = out["start_ns"][lo:hi] + out["latency_ns"][lo:hi]
+
+    def _run_fast(self, requests: np.ndarray, out: np.ndarray, lo: int, hi: int) -> int:
+        """Serve ``requests[lo:hi]`` one by one, exactly as :meth:`_step` would.
+
+        The same semantics as ``_step``, with the common cases (promoted, log and
+        cache hits; log appends below the flush level; misses) written out inline over
+        local variables and memoryviews of the state arrays (scalar access to a
+        memoryview or a list is several times cheaper than to a numpy array). Every
+        other request (host notifications, a promotion trigger, an append that
+        flushes or stalls) goes to ``_step`` itself. Counters of the inline requests
+        are added at the end, with numpy (``_step`` counts its own).
+        ``test_controller.py`` checks this path against ``vectorize=False``.
+
+        Returns how many requests at the end of the run were simple in the sense of
+        :meth:`_apply_simple` (a hint for when numpy runs may pay off again).
+        """
+        chunk = requests[lo:hi]
+        n = hi - lo
+        ops = chunk["op"].tolist()
+        addrs = chunk["addr"].tolist()
+        vcpus = chunk["vcpu"].tolist()
+        times = chunk["time_ns"].tolist()
+        starts = [0] * n
+        lats = [0] * n
+        srcs = [0] * n
+        longs = [False] * n
+        stepped: list[int] = []  # requests served by _step
+        decisions: list[tuple[int, int, int]] = []
+        step = self._step
+        stall = self._vcpu_stall_ns
+        compute = self.compute_timebase
+        dram_only = self.dram_only
+        lat_dram = self.latencies.host_dram_ns
+        lat_hit = self._lat_hit
+        lat_append = self._lat_append
+        lat_link = self.latencies.cxl_link_ns
+        lat_index = self.latencies.index_ns
+        # context switch: the two shipped policies inline, any other through its method
+        cs = self.context_switch
+        switch_cost = cs.switch_cost_ns
+        cs_call = None
+        cs_threshold = 1 << 62
+        if type(cs) is ThresholdSwitch:
+            cs_threshold = cs.threshold_ns
+        elif type(cs) is not NeverSwitch:
+            cs_call = cs.long_delay
+        promoted = self.promoted.data
+        promoted_dirty = self.promoted_dirty.data
+        last_access = self.last_access.data
+        # data cache and flash
+        cache = self.cache
+        flash = self.flash
+        if cache is not None:
+            slot_of_page = cache.slot_of_page.data
+            cache_dirty = cache.dirty.data
+            cache_insert = cache.insert
+            policy = cache.policy
+            lru_stamp = policy.stamp.data if type(policy) is LruPolicy else None
+            policy_hit = None if type(policy) in (LruPolicy, FifoPolicy) else policy.hit
+        if flash is not None:
+            flash_read = flash.read
+            flash_program = flash.program
+        # write log
+        wlog = self.log
+        if wlog is not None:
+            log_mask = wlog.mask.data
+            live, inflight = wlog.live, wlog.inflight
+            inflight_done = wlog.inflight_done_ns
+            flush_level, log_capacity = wlog.flush_level, wlog.capacity
+        log_appends = log_overwrites = 0
+        # migration
+        mig = self.migration
+        if mig is not None:
+            pending = self.pending.data
+            hit_count = self.hit_count.data
+            hit_epoch = self.hit_epoch.data
+            threshold = mig.threshold
+        epoch = self._epoch
+        window_left = self._window_left
+        window_promoted = self._window_promoted
+        seq = self._seq
+        last_complex = -1  # the last miss or _step request
+        i = -1
+        for op, addr, vcpu, time_ns in zip(ops, addrs, vcpus, times, strict=True):
+            i += 1
+            page = addr >> 12
+            start = time_ns + stall[vcpu] if compute else time_ns
+            if op > 1:
+                slow = True
+            else:
+                slow = False
+                write = op == 1
+                if dram_only:
+                    latency, source = lat_dram, 5  # Source.DRAM
+                elif promoted[page]:
+                    latency, source = lat_dram, 4  # Source.PROMOTED
+                    last_access[page] = seq
+                    window_promoted += 1
+                    if write:
+                        promoted_dirty[page] = True
+                else:
+                    hit = True
+                    line = (addr >> 6) & 63
+                    if wlog is not None and write:
+                        latency, source = lat_append, 1  # Source.LOG
+                        bit = 1 << line
+                        old = log_mask[page]
+                        if old & bit:
+                            append = 0
+                        else:
+                            append = 1
+                            if inflight and start >= inflight_done:  # WriteLog._retire
+                                inflight = 0
+                            if live + 1 >= flush_level or live + inflight + 1 > log_capacity:
+                                slow = True  # a flush or a stall: WriteLog.append
+                    elif wlog is not None and log_mask[page] >> line & 1:
+                        latency, source, append = lat_hit, 1, -1  # Source.LOG
+                    else:
+                        append = -1
+                        slot = slot_of_page[page]
+                        if slot >= 0:
+                            latency, source = lat_hit, 2  # Source.CACHE
+                        else:
+                            hit = False
+                            source = 3  # Source.FLASH
+                    counting = hit and mig is not None and not pending[page]
+                    if counting:
+                        count = hit_count[page] + 1 if hit_epoch[page] == epoch else 1
+                        if count >= threshold:
+                            slow = True  # a promotion decision: _count_hit
+                    if not slow:
+                        if source == 2:
+                            if lru_stamp is not None:
+                                lru_stamp[slot] = seq
+                            elif policy_hit is not None:
+                                policy_hit(slot, seq)
+                            if write:
+                                cache_dirty[slot] = True
+                        elif source == 3:  # a miss, as in _miss
+                            done = flash_read(page, start + lat_index)
+                            victim, victim_dirty = cache_insert(page, seq, write)
+                            if victim_dirty:
+                                flash_program(victim, start)
+                            latency = lat_link + done - start
+                            last_complex = i
+                        elif append == 1:
+                            log_mask[page] = old | bit
+                            live += 1
+                            log_appends += 1
+                        elif append == 0:
+                            log_overwrites += 1
+                        if counting:
+                            hit_count[page] = count if count < 0xFFFF else 0xFFFF
+                            hit_epoch[page] = epoch
+            if slow:
+                # hand over to the reference path with the state it reads
+                last_complex = i
+                stepped.append(i)
+                self._seq = seq
+                self._window_left, self._window_promoted = window_left, window_promoted
+                if wlog is not None:
+                    wlog.live, wlog.inflight = live, inflight
+                start, latency, source, long_delay, promote, demote = step(
+                    time_ns, addr, vcpu, op, int(chunk["flags"][i])
+                )
+                starts[i] = start
+                lats[i] = latency
+                srcs[i] = source
+                longs[i] = long_delay
+                if promote >= 0 or demote >= 0:
+                    decisions.append((i, promote, demote))
+                seq = self._seq
+                epoch = self._epoch
+                window_left, window_promoted = self._window_left, self._window_promoted
+                if mig is not None:
+                    threshold = mig.threshold
+                if wlog is not None:
+                    live, inflight = wlog.live, wlog.inflight
+                    inflight_done = wlog.inflight_done_ns
+                continue
+            seq += 1
+            long_delay = latency > cs_threshold if cs_call is None else cs_call(latency)
+            stall[vcpu] += switch_cost if long_delay else latency
+            starts[i] = start
+            lats[i] = latency
+            srcs[i] = source
+            longs[i] = long_delay
+            if mig is not None:
+                window_left -= 1
+                if window_left == 0:
+                    self._window_promoted = window_promoted
+                    self._end_window()
+                    epoch = self._epoch
+                    window_left, window_promoted = self._window_left, self._window_promoted
+                    threshold = mig.threshold
+        self._seq = seq
+        self._window_left, self._window_promoted = window_left, window_promoted
+        if wlog is not None:
+            wlog.live, wlog.inflight = live, inflight
+            wlog.counters.appends += log_appends
+            wlog.counters.overwrites += log_overwrites
+        o = out[lo:hi]
+        o["start_ns"] = starts
+        o["latency_ns"] = lats
+        o["source"] = srcs
+        o["long_delay"] = longs
+        o["ready_ns"] = o["start_ns"] + o["latency_ns"]
+        for i, promote, demote in decisions:
+            o["promote_page"][i] = promote
+            o["demote_page"][i] = demote
+        # the counters _step would have kept for the inline requests
+        if stepped:
+            inline = np.ones(n, dtype=bool)
+            inline[stepped] = False
+            o, chunk = o[inline], chunk[inline]
+        k = o.shape[0]
+        if k:
+            c = self.counters
+            latency_a, long_a = o["latency_ns"], o["long_delay"]
+            n_writes = int(np.count_nonzero(chunk["op"] == Op.WRITE))
+            c.requests += k
+            c.writes += n_writes
+            c.reads += k - n_writes
+            served = np.bincount(o["source"], minlength=len(Source)).tolist()
+            for source_id, count_served in enumerate(served):
+                if count_served:
+                    c.served[Source(source_id).name.lower()] += count_served
+            c.cache_hits += served[Source.CACHE]
+            c.cache_misses += served[Source.FLASH]
+            latency_total = int(latency_a.sum())
+            n_long = int(np.count_nonzero(long_a))
+            long_latency = int(latency_a[long_a].sum()) if n_long else 0
+            c.latency_ns_total += latency_total
+            c.stall_ns_total += latency_total - long_latency + n_long * switch_cost
+            c.long_delays += n_long
+            c.long_delay_latency_ns += long_latency
+            self._clock_ns = max(self._clock_ns, int(o["start_ns"].max()))
+        return n - 1 - last_complex
+
+    def _step(
+        self, time_ns: int, addr: int, vcpu: int, op: int, flags: int
+    ) -> tuple[int, int, int, bool, int, int]:
+        """Serve one request: the model's reference semantics.
+
+        Returns (start_ns, latency_ns, source, long_delay, promote_page, demote_page).
+        """
+        c = self.counters
+        page = addr >> PAGE_SHIFT
+        start = time_ns + self._vcpu_stall_ns[vcpu] if self.compute_timebase else time_ns
+        if op >= Op.PROMOTED:
+            c.notifications += 1
+            if self.dram_only:
+                pass
+            elif op == Op.PROMOTED:
+                self._apply_promotion(page)
+            elif self.promoted[page]:
+                self._apply_demotion(page, bool(flags & FLAG_DIRTY), start)
+            return start, 0, Source.NONE, False, -1, -1
+        if start > self._clock_ns:
+            self._clock_ns = start
+        seq = self._seq
+        self._seq = seq + 1
+        c.requests += 1
+        write = op == Op.WRITE
+        if write:
+            c.writes += 1
+        else:
+            c.reads += 1
+        promote = demote = -1
+        hit = False  # served from SSD DRAM: counts towards promotion
+        if self.dram_only:
+            latency, source = self.latencies.host_dram_ns, Source.DRAM
+        elif self.promoted[page]:
+            latency, source = self.latencies.host_dram_ns, Source.PROMOTED
+            self.last_access[page] = seq
+            self._window_promoted += 1
+            if write:
+                self.promoted_dirty[page] = True
+        else:
+            line = (addr >> 6) & _LINE_MASK
+            wlog = self.log
+            if wlog is not None and write:
+                ready = wlog.append(page, 1 << line, start)
+                latency, source, hit = ready - start + self._lat_append, Source.LOG, True
+            elif wlog is not None and int(wlog.mask[page]) >> line & 1:
+                latency, source, hit = self._lat_hit, Source.LOG, True
+            else:
+                assert self.cache is not None
+                slot = int(self.cache.slot_of_page[page])
+                if slot >= 0:
+                    self.cache.policy.hit(slot, seq)
+                    if write:
+                        self.cache.dirty[slot] = True
+                    latency, source, hit = self._lat_hit, Source.CACHE, True
+                    c.cache_hits += 1
+                else:
+                    latency, source = self._miss(page, start, seq, write), Source.FLASH
+                    c.cache_misses += 1
+            if hit and self.migration is not None:
+                promote, demote = self._count_hit(page, start)
+        long_delay = self.context_switch.long_delay(latency)
+        charged = self.context_switch.switch_cost_ns if long_delay else latency
+        self._vcpu_stall_ns[vcpu] += charged
+        c.served[Source(source).name.lower()] += 1
+        c.latency_ns_total += latency
+        c.stall_ns_total += charged
+        if long_delay:
+            c.long_delays += 1
+            c.long_delay_latency_ns += latency
+        if self.migration is not None:
+            self._window_left -= 1
+            if self._window_left == 0:
+                self._end_window()
+        return start, latency, source, long_delay, promote, demote
+
+    def _miss(self, page: int, start: int, seq: int, dirty: bool) -> int:
+        """Read ``page`` from flash into the cache; returns the request's latency."""
+        assert self.flash is not None and self.cache is not None
+        lat = self.latencies
+        done = self.flash.read(page, start + lat.index_ns)
+        victim, victim_dirty = self.cache.insert(page, seq, dirty)
+        if victim_dirty:  # write-back in the background, after the read (read priority)
+            self.flash.program(victim, start)
+        return lat.cxl_link_ns + done - start
+
+    def _count_hit(self, page: int, now: int) -> tuple[int, int]:
+        """Count an SSD-DRAM hit on ``page``; returns (promote, demote) decisions or -1."""
+        assert self.migration is not None
+        if self.pending[page]:
+            return -1, -1
+        count = int(self.hit_count[page]) if self.hit_epoch[page] == self._epoch else 0
+        count += 1
+        self.hit_count[page] = min(count, 0xFFFF)
+        self.hit_epoch[page] = self._epoch
+        if count < self.migration.threshold:
+            return -1, -1
+        self.counters.promotions_decided += 1
+        demote = -1
+        in_use = len(self._promoted_set) + self._pending_count - len(self._pending_demotions)
+        if self._promoted_set and in_use >= self.host_capacity_pages:
+            candidates = self._demotion_candidates()
+            if candidates.size:
+                demote = self.migration.demotion_victim(
+                    candidates, self.last_access[candidates]
+                )
+                self.counters.demotions_decided += 1
+        if self.auto_apply:
+            if demote >= 0:
+                self._apply_demotion(demote, bool(self.promoted_dirty[demote]), now)
+            self._apply_promotion(page)
+        else:
+            self.pending[page] = True
+            self._pending_count += 1
+            if demote >= 0:
+                self._pending_demotions.add(demote)
+        return page, demote
+
+    def _demotion_candidates(self) -> np.ndarray:
+        """Promoted pages not already being demoted, sorted."""
+        if len(self._promoted_set) < 4096:
+            return np.array(sorted(self._promoted_set - self._pending_demotions), dtype=np.int64)
+        candidates = np.flatnonzero(self.promoted)  # the same pages, without sorting a set
+        if self._pending_demotions:
+            leaving = np.fromiter(self._pending_demotions, dtype=np.int64)
+            candidates = candidates[~np.isin(candidates, leaving)]
+        return candidates
+
+    def _apply_promotion(self, page: int) -> None:
+        if self.promoted[page] or self.dram_only:
+            return
+        assert self.cache is not None
+        if self.pending[page]:
+            self.pending[page] = False
+            self._pending_count -= 1
+        self.promoted[page] = True
+        # the cached copy moves to the host; if it was dirty the host copy is too
+        self.promoted_dirty[page] = self.cache.invalidate(page)
+        self.last_access[page] = self._seq
+        self._promoted_set.add(page)
+        self.counters.promotions_applied += 1
+
+    def _apply_demotion(self, page: int, dirty: bool, now: int) -> None:
+        if not self.promoted[page]:
+            return
+        assert self.cache is not None
+        self.promoted[page] = False
+        self.promoted_dirty[page] = False
+        self._promoted_set.discard(page)
+        self._pending_demotions.discard(page)
+        self.counters.demotions_applied += 1
+        if not dirty:
+            return  # the device's copy is current
+        self.counters.dirty_demotions += 1
+        if self.log is not None:  # SkyByte: a dirty demotion goes through the write log
+            self.log.append(page, ALL_LINES, now)
+        else:
+            victim, victim_dirty = self.cache.insert(page, self._seq, dirty=True)
+            if victim_dirty:
+                assert self.flash is not None
+                self.flash.program(victim, now)
+
+    def _end_window(self) -> None:
+        assert self.migration is not None
+        window = self.migration.window_accesses
+        self.migration.end_window(window, self._window_promoted)
+        self._epoch += 1
+        self._window_promoted = 0
+        self._window_left = self.migration.window_accesses
+
+    # ----------------------------------------------------------------- fast path
+
+    def _apply_simple(self, requests: np.ndarray, out: np.ndarray, lo: int, hi: int) -> int:
+        """Serve the longest prefix of ``requests[lo:hi]`` made of simple requests, with
+        numpy; returns its length. Equivalent to calling :meth:`_step` on each."""
+        r = requests[lo:hi]
+        op = r["op"]
+        addr = r["addr"]
+        page = (addr >> np.uint64(PAGE_SHIFT)).astype(np.int64)
+        rw = op <= Op.WRITE
+        write = op == Op.WRITE
+        source = np.zeros(hi - lo, dtype=np.uint8)
+        counted = None  # requests that are SSD-DRAM hits (migration counters)
+        appends = None  # log writes
+        if self.dram_only:
+            simple = rw
+            source[:] = Source.DRAM
+        else:
+            assert self.cache is not None
+            promoted = self.promoted[page]
+            cached = self.cache.slot_of_page[page] >= 0
+            device = rw & ~promoted
+            if self.log is not None:
+                line = (addr >> np.uint64(6)) & np.uint64(_LINE_MASK)
+                logged = ((self.log.mask[page] >> line) & np.uint64(1)).astype(bool)
+                appends = device & write
+                log_read = device & ~write & logged
+                cache_hit = device & ~write & ~logged & cached
+                source[appends | log_read] = Source.LOG
+            else:
+                cache_hit = device & cached
+            source[cache_hit] = Source.CACHE
+            source[rw & promoted] = Source.PROMOTED
+            simple = source != Source.NONE
+            if appends is not None:
+                # a read of a line appended earlier in the run is a log hit, not a
+                # cache hit: the run's classification holds only up to there
+                simple &= ~self._reads_of_new_lines(page, line, appends, cache_hit)
+            counted = simple & ((source == Source.LOG) | (source == Source.CACHE))
+        k = int(np.argmin(simple)) if not simple.all() else hi - lo
+        if appends is not None and k:
+            k = self._appends_allowed(page[:k], line[:k], logged[:k], appends[:k], k)
+        if counted is not None and self.migration is not None and k:
+            k = self._hits_allowed(page[:k], counted[:k], k)
+        if k == 0:
+            return 0
+        self._commit_simple(r[:k], out, lo, page[:k], source[:k], write[:k],
+                            None if appends is None else line[:k])
+        return k
+
+    @staticmethod
+    def _reads_of_new_lines(
+        page: np.ndarray, line: np.ndarray, appends: np.ndarray, reads: np.ndarray
+    ) -> np.ndarray:
+        """Which of ``reads`` read a line that one of ``appends`` logged before them."""
+        bad = np.zeros(page.size, dtype=bool)
+        if not appends.any() or not reads.any():
+            return bad
+        ids = page * 64 + line.astype(np.int64)
+        append_at = np.flatnonzero(appends)
+        appended, first = np.unique(ids[append_at], return_index=True)
+        read_at = np.flatnonzero(reads)
+        where = np.minimum(np.searchsorted(appended, ids[read_at]), appended.size - 1)
+        bad[read_at] = (appended[where] == ids[read_at]) & (append_at[first[where]] < read_at)
+        return bad
+
+    def _appends_allowed(
+        self, page: np.ndarray, line: np.ndarray, logged: np.ndarray, appends: np.ndarray, k: int
+    ) -> int:
+        """Cut ``k`` before the log append that would reach the flush level or stall."""
+        assert self.log is not None
+        wlog = self.log
+        index = np.flatnonzero(appends)
+        if index.size == 0:
+            return k
+        lines = page[index] * 64 + line[index].astype(np.int64)
+        first = np.zeros(index.size, dtype=bool)
+        first[np.unique(lines, return_index=True)[1]] = True
+        new = first & ~logged[index]
+        allowed = min(wlog.flush_level - 1 - wlog.live, wlog.capacity - wlog.live - wlog.inflight)
+        total = np.cumsum(new)
+        if total[-1] <= allowed:
+            return k
+        return int(index[np.searchsorted(total, max(allowed, 0) + 1)])
+
+    def _hits_allowed(self, page: np.ndarray, counted: np.ndarray, k: int) -> int:
+        """Cut ``k`` before the hit that brings a page's count to the threshold."""
+        assert self.migration is not None
+        index = np.flatnonzero(counted)
+        if index.size == 0:
+            return k
+        pages = page[index]
+        order = np.argsort(pages, kind="stable")
+        sorted_pages = pages[order]
+        starts = np.ones(index.size, dtype=bool)
+        starts[1:] = sorted_pages[1:] != sorted_pages[:-1]
+        positions = np.arange(index.size)
+        rank = np.empty(index.size, dtype=np.int64)
+        rank[order] = positions - np.maximum.accumulate(np.where(starts, positions, 0))
+        base = np.where(self.hit_epoch[pages] == self._epoch, self.hit_count[pages], 0)
+        total = base + rank + 1
+        trigger = (total >= self.migration.threshold) & ~self.pending[pages]
+        if trigger.any():
+            k = int(index[np.argmax(trigger)])
+            keep = index < k
+            pages, total = pages[keep], total[keep]
+        if pages.size:
+            assign_last(self.hit_count, pages, np.minimum(total, 0xFFFF).astype(np.uint16))
+            self.hit_epoch[pages] = self._epoch
+        return k
+
+    def _commit_appends(self, pages: np.ndarray, lines: np.ndarray) -> None:
+        """Log-append lines ``lines`` of ``pages`` (known not to reach the flush level)."""
+        assert self.log is not None
+        wlog = self.log
+        unique = np.unique(pages * 64 + lines.astype(np.int64))
+        upages, ulines = unique >> 6, (unique & _LINE_MASK).astype(np.uint64)
+        added = int(np.count_nonzero((wlog.mask[upages] >> ulines) & np.uint64(1) == 0))
+        np.bitwise_or.at(wlog.mask, upages, np.left_shift(np.uint64(1), ulines))
+        wlog.live += added
+        wlog.counters.appends += added
+        wlog.counters.overwrites += int(pages.size) - added
+
+    def _commit_simple(
+        self, r: np.ndarray, out: np.ndarray, lo: int, page: np.ndarray, source: np.ndarray,
+        write: np.ndarray, line: np.ndarray | None,
+    ) -> None:
+        """Apply the state changes and outputs of ``k`` simple requests."""
+        k = r.shape[0]
+        hi = lo + k
+        c = self.counters
+        seq = self._seq + np.arange(k, dtype=np.int64)
+        self._seq += k
+        latency = self._lat_table[source]
+        if line is not None:
+            log_write = write & (source == Source.LOG)
+            latency[log_write] = self._lat_append
+            self._commit_appends(page[log_write], line[log_write])
+        long_delay = self.context_switch.long_delay_batch(latency)
+        charged = np.where(long_delay, self.context_switch.switch_cost_ns, latency)
+        time_ns = r["time_ns"].astype(np.int64)
+        vcpu = r["vcpu"]
+        stall = self._vcpu_stall_ns
+        groups = [int(vcpu[0])] if (vcpu == vcpu[0]).all() else np.unique(vcpu).tolist()
+        for v in groups:
+            mine = slice(None) if len(groups) == 1 else vcpu == v
+            running = np.cumsum(charged[mine])
+            if self.compute_timebase:
+                time_ns[mine] += stall[v] + running - charged[mine]
+            stall[v] += int(running[-1])
+        self._clock_ns = max(self._clock_ns, int(time_ns.max()))
+        out["start_ns"][lo:hi] = time_ns
+        out["latency_ns"][lo:hi] = latency
+        out["ready_ns"][lo:hi] = time_ns + latency
+        out["source"][lo:hi] = source
+        out["long_delay"][lo:hi] = long_delay
+        # component state
+        if self.cache is not None:
+            hits = source == Source.CACHE
+            slots = self.cache.slot_of_page[page[hits]]
+            self.cache.policy.hit_batch(slots, seq[hits])
+            if self.log is None:
+                self.cache.dirty[slots[write[hits]]] = True
+            c.cache_hits += int(hits.sum())
+            on_host = source == Source.PROMOTED
+            if on_host.any():
+                assign_last(self.last_access, page[on_host], seq[on_host])
+                self.promoted_dirty[page[on_host & write]] = True
+                self._window_promoted += int(on_host.sum())
+        # counters
+        n_writes = int(write.sum())
+        c.requests += k
+        c.writes += n_writes
+        c.reads += k - n_writes
+        for s, n in enumerate(np.bincount(source, minlength=len(Source)).tolist()):
+            if n:
+                c.served[Source(s).name.lower()] += n
+        c.latency_ns_total += int(latency.sum())
+        c.stall_ns_total += int(charged.sum())
+        n_long = int(long_delay.sum())
+        if n_long:
+            c.long_delays += n_long
+            c.long_delay_latency_ns += int(latency[long_delay].sum())
+        if self.migration is not None:
+            self._window_left -= k
+            if self._window_left == 0:
+                self._end_window()

@@ -1,0 +1,182 @@
+"""Page-mapped FTL with per-die garbage collection and a pluggable victim policy.
+
+Mapping only, no timing (the flash backend times what the FTL decides). A logical
+page (LPN, = DPA >> 12) lives on die ``lpn % n_dies`` (static striping, so reads of
+never-written pages still have a die). Each die writes into one *active* block; when
+a new active block is taken while the die has fewer free blocks than
+``free_threshold x blocks_per_die``, one victim block is collected: its valid pages
+move to the active block and it is erased. Relocation never triggers GC itself.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from cxlssd.errors import ConfigError
+from cxlssd.firmware.registry import Registry
+
+FREE, ACTIVE, CLOSED = 0, 1, 2
+
+
+class VictimPolicy(Protocol):
+    """Chooses which closed block of a die GC collects."""
+
+    def choose(self, valid: np.ndarray, opened: np.ndarray, closed: np.ndarray) -> int:
+        """Index (within the die) of the victim among blocks where ``closed`` is true.
+
+        ``valid``: valid pages per block; ``opened``: when each block was opened
+        (a global sequence number). Called only when some block is closed.
+        """
+        ...
+
+
+GC_VICTIM_POLICIES: Registry[VictimPolicy] = Registry("GC victim policy", "gc.victim")
+
+
+@GC_VICTIM_POLICIES.register("greedy")
+class GreedyVictim:
+    """The closed block with the fewest valid pages (least copying)."""
+
+    def choose(self, valid: np.ndarray, opened: np.ndarray, closed: np.ndarray) -> int:
+        return int(np.argmin(np.where(closed, valid, np.iinfo(valid.dtype).max)))
+
+
+@GC_VICTIM_POLICIES.register("fifo")
+class FifoVictim:
+    """The oldest closed block (wear-levelling friendly, more copying)."""
+
+    def choose(self, valid: np.ndarray, opened: np.ndarray, closed: np.ndarray) -> int:
+        return int(np.argmin(np.where(closed, opened, np.iinfo(opened.dtype).max)))
+
+
+@dataclass
+class GcResult:
+    """One collected block: on ``die``, ``moved`` valid pages relocated, then erased."""
+
+    die: int
+    block: int
+    moved: int
+
+
+class PageFtl:
+    """Logical-to-physical page map over ``n_dies`` dies."""
+
+    def __init__(
+        self,
+        logical_pages: int,
+        n_dies: int,
+        pages_per_block: int,
+        overprovisioning: float,
+        free_threshold: float,
+        victim: VictimPolicy,
+        precondition: bool = False,
+    ) -> None:
+        self.logical_pages = logical_pages
+        self.n_dies = n_dies
+        self.pages_per_block = pages_per_block
+        logical_per_die = -(-logical_pages // n_dies)
+        data_blocks = -(-logical_per_die // pages_per_block)
+        # at least two spare blocks per die: GC needs an active block and one to free
+        self.blocks_per_die = max(
+            -(-int(logical_per_die * (1 + overprovisioning)) // pages_per_block),
+            data_blocks + 2,
+        )
+        self.gc_threshold_blocks = int(np.ceil(free_threshold * self.blocks_per_die))
+        self.victim = victim
+        n_blocks = n_dies * self.blocks_per_die
+        self.l2p = np.full(logical_pages, -1, dtype=np.int64)
+        self.p2l = np.full(n_blocks * pages_per_block, -1, dtype=np.int64)
+        self.valid = np.zeros(n_blocks, dtype=np.int32)
+        self.state = np.full(n_blocks, FREE, dtype=np.int8)
+        self.opened = np.zeros(n_blocks, dtype=np.int64)
+        self._open_seq = 0
+        self.free: list[deque[int]] = [deque(range(self.blocks_per_die)) for _ in range(n_dies)]
+        self.active = [-1] * n_dies  # global block id per die
+        self.write_ptr = [pages_per_block] * n_dies  # "full" until a block is opened
+        self.gc_pending: list[int] = []  # dies whose last block opening asked for GC
+        if precondition:
+            self._precondition()
+        for die in range(n_dies):
+            self._open_block(die)
+        self.gc_pending.clear()
+
+    def _precondition(self) -> None:
+        """Map every LPN once, densely per die, as after a sequential fill."""
+        ppb, bpd = self.pages_per_block, self.blocks_per_die
+        lpn = np.arange(self.logical_pages, dtype=np.int64)
+        die, local = lpn % self.n_dies, lpn // self.n_dies
+        ppn = (die * bpd + local // ppb) * ppb + local % ppb
+        self.l2p[:] = ppn
+        self.p2l[ppn] = lpn
+        np.add.at(self.valid, ppn // ppb, 1)
+        for d in range(self.n_dies):
+            used = -(-int(np.count_nonzero(die == d)) // ppb)
+            blocks = range(d * bpd, d * bpd + used)
+            self.state[list(blocks)] = CLOSED
+            for _ in blocks:
+                self.free[d].popleft()
+
+    def die_of(self, lpn: int) -> int:
+        return lpn % self.n_dies
+
+    def _open_block(self, die: int) -> None:
+        if not self.free[die]:
+            raise ConfigError(
+                "the flash ran out of free blocks; raise flash.overprovisioning "
+                "or gc.free_threshold"
+            )
+        block = die * self.blocks_per_die + self.free[die].popleft()
+        self.state[block] = ACTIVE
+        self.opened[block] = self._open_seq
+        self._open_seq += 1
+        self.active[die] = block
+        self.write_ptr[die] = 0
+        if len(self.free[die]) < self.gc_threshold_blocks:
+            self.gc_pending.append(die)
+
+    def _place(self, lpn: int, die: int) -> None:
+        if self.write_ptr[die] == self.pages_per_block:
+            self.state[self.active[die]] = CLOSED
+            self._open_block(die)
+        block = self.active[die]
+        ppn = block * self.pages_per_block + self.write_ptr[die]
+        self.write_ptr[die] += 1
+        old = self.l2p[lpn]
+        if old >= 0:
+            self.p2l[old] = -1
+            self.valid[old // self.pages_per_block] -= 1
+        self.l2p[lpn] = ppn
+        self.p2l[ppn] = lpn
+        self.valid[block] += 1
+
+    def program(self, lpn: int) -> int:
+        """Write ``lpn`` to a fresh page (out of place); returns its die."""
+        die = lpn % self.n_dies
+        self._place(lpn, die)
+        return die
+
+    def collect(self, die: int) -> GcResult | None:
+        """Collect one victim block on ``die``; None if no closed block has an invalid page."""
+        bpd, ppb = self.blocks_per_die, self.pages_per_block
+        lo = die * bpd
+        closed = self.state[lo : lo + bpd] == CLOSED
+        if not closed.any():
+            return None
+        local = self.victim.choose(self.valid[lo : lo + bpd], self.opened[lo : lo + bpd], closed)
+        block = lo + local
+        if not closed[local] or self.valid[block] == ppb:
+            return None
+        pages = self.p2l[block * ppb : (block + 1) * ppb]
+        moved = pages[pages >= 0].tolist()
+        for lpn in moved:
+            self._place(lpn, die)
+        self.state[block] = FREE
+        self.free[die].append(local)
+        return GcResult(die, block, len(moved))
+
+    def free_blocks(self, die: int) -> int:
+        return len(self.free[die])

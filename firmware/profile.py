@@ -1,0 +1,301 @@
+"""Device profiles: YAML files naming every parameter of a modelled device.
+
+``profiles/base-cssd.yaml`` is the complete schema with SkyByte's defaults; every
+other profile ``extends`` one and changes some keys. :func:`load_profile` resolves
+the chain, applies ``key=value`` overrides (dotted keys, e.g. ``cache.ways=8``),
+type-checks every key against the schema, fills flash timings from the NAND preset
+and checks that the geometry is possible. Any mistake is a
+:class:`~cxlssd.errors.ConfigError` that names the key and the fix.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cxlssd.errors import ConfigError
+from cxlssd.firmware.registry import suggest
+from cxlssd.firmware.request import PAGE_BYTES
+
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+BASE_PROFILE = "base-cssd"
+
+#: NAND timing presets (ns). ULL is SkyByte's; SLC/MLC/TLC are typical datasheet
+#: values (see docs/firmware.md), not numbers from the paper.
+NAND_PRESETS: dict[str, dict[str, int]] = {
+    "ull": {"read_ns": 3_000, "program_ns": 80_000, "erase_ns": 1_000_000},
+    "slc": {"read_ns": 25_000, "program_ns": 200_000, "erase_ns": 1_500_000},
+    "mlc": {"read_ns": 50_000, "program_ns": 600_000, "erase_ns": 3_000_000},
+    "tlc": {"read_ns": 75_000, "program_ns": 1_000_000, "erase_ns": 3_500_000},
+}
+
+_SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: Any, key: str) -> int:
+    """Bytes from an int or a string such as ``"448MiB"`` (binary units only)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key} must be a size in bytes, got {value!r}")
+    if isinstance(value, int):
+        return value
+    match = _SIZE_RE.match(str(value))
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _SIZE_UNITS:
+        raise ConfigError(
+            f"{key} must be a size such as 4096, '64KiB', '448MiB' or '8GiB', got {value!r}"
+        )
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+def available_profiles() -> list[str]:
+    """Names of the shipped profiles."""
+    return sorted(path.stem for path in PROFILE_DIR.glob("*.yaml"))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise ConfigError(f"cannot read profile {path}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"profile {path} is not valid YAML: {error}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"profile {path} must be a mapping of keys to values")
+    return data
+
+
+def _profile_path(name: str) -> Path:
+    if name.endswith((".yaml", ".yml")) or "/" in name:
+        path = Path(name)
+        if not path.is_file():
+            raise ConfigError(f"profile file {name} does not exist")
+        return path
+    path = PROFILE_DIR / f"{name}.yaml"
+    if not path.is_file():
+        names = available_profiles()
+        raise ConfigError(
+            f"unknown profile {name!r}{suggest(name, names)}; "
+            f"choose one of: {', '.join(names)} (or give a path to a .yaml file)"
+        )
+    return path
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        tree = tree[part]
+    tree[leaf] = value
+
+
+def _schema() -> dict[str, Any]:
+    data = _read_yaml(PROFILE_DIR / f"{BASE_PROFILE}.yaml")
+    data.pop("extends", None)
+    return flatten(data)
+
+
+def _check_value(key: str, value: Any, default: Any) -> Any:
+    """``value`` converted to the type of the schema's ``default`` for ``key``."""
+    if key.endswith("_bytes"):
+        return parse_size(value, key)
+    if value is None:
+        if default is None:
+            return None
+        raise ConfigError(f"{key} cannot be null; give a value like {default!r}")
+    if default is None or (isinstance(default, int) and not isinstance(default, bool)):
+        # nullable keys (flash timings) and integer keys take integers
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        return value
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        return float(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"{key} must be a string, got {value!r}")
+    return value
+
+
+def _apply(
+    flat: dict[str, Any], updates: Mapping[str, Any], schema: dict[str, Any], where: str
+) -> None:
+    for key, value in updates.items():
+        if key not in schema:
+            raise ConfigError(
+                f"unknown profile key {key!r} in {where}{suggest(key, list(schema))}; "
+                f"see docs/firmware.md for the keys"
+            )
+        flat[key] = _check_value(key, value, schema[key])
+
+
+def _resolve_chain(name: str, seen: tuple[str, ...] = ()) -> tuple[dict[str, Any], list[str]]:
+    """Flat values of profile ``name`` after its ``extends`` chain, and the chain."""
+    if name in seen:
+        raise ConfigError(f"profile {name!r} extends itself through {' -> '.join(seen)}")
+    path = _profile_path(name)
+    data = _read_yaml(path)
+    parent = data.pop("extends", None)
+    schema = _schema()
+    if parent is None:
+        flat = {key: None for key in schema}
+        chain = [path.stem]
+    else:
+        flat, chain = _resolve_chain(str(parent), (*seen, name))
+        chain = [*chain, path.stem]
+    _apply(flat, flatten(data), schema, f"profile {path}")
+    return flat, chain
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"cache.ways=8"`` -> ``("cache.ways", 8)`` (the value is parsed as YAML)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r} must look like key=value, e.g. cache.ways=8")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+class Profile:
+    """A resolved, validated device profile: ``profile["cache.ways"]`` or ``.tree``."""
+
+    def __init__(self, name: str, values: dict[str, Any], chain: list[str]) -> None:
+        self.name = name
+        self.values = values
+        self.chain = chain
+        _validate(values)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    @property
+    def tree(self) -> dict[str, Any]:
+        """The nested form (as in the YAML), for writing into results."""
+        tree: dict[str, Any] = {}
+        for dotted, value in self.values.items():
+            node = tree
+            *parents, leaf = dotted.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+        return tree
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> Profile:
+        values = copy.deepcopy(self.values)
+        _apply(values, overrides, _schema(), "the overrides")
+        _fill_presets(values, explicit=set(overrides))
+        return Profile(self.name, values, self.chain)
+
+
+def _fill_presets(values: dict[str, Any], explicit: Iterable[str] = ()) -> None:
+    preset = values["flash.preset"]
+    if preset not in NAND_PRESETS:
+        raise ConfigError(
+            f"unknown flash.preset {preset!r}{suggest(preset, list(NAND_PRESETS))}; "
+            f"choose one of: {', '.join(NAND_PRESETS)}"
+        )
+    for key, ns in NAND_PRESETS[preset].items():
+        dotted = f"flash.{key}"
+        # a preset override re-fills timings unless they were set explicitly
+        if values[dotted] is None or ("flash.preset" in explicit and dotted not in explicit):
+            values[dotted] = ns
+
+
+def load_profile(name: str, overrides: Iterable[str] | Mapping[str, Any] = ()) -> Profile:
+    """Resolve profile ``name`` (shipped name or path) with ``overrides`` applied.
+
+    ``overrides`` is either ``["cache.ways=8", ...]`` or ``{"cache.ways": 8}``.
+    """
+    values, chain = _resolve_chain(name)
+    _fill_presets(values)
+    base = Profile(Path(name).stem, values, chain)
+    if isinstance(overrides, Mapping):
+        updates = dict(overrides)
+    else:
+        updates = dict(parse_override(text) for text in overrides)
+    return base.with_overrides(updates) if updates else base
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def _fraction(v: dict[str, Any], key: str, lo: float, hi: float) -> None:
+    _require(lo <= v[key] <= hi, f"{key} must be between {lo} and {hi}, got {v[key]}")
+
+
+def _validate(v: dict[str, Any]) -> None:
+    """Reject impossible geometries and out-of-range parameters."""
+    _require(v["kind"] in ("cxl-ssd", "dram-only"),
+             f"kind must be cxl-ssd or dram-only, got {v['kind']!r}")
+    for key, value in v.items():
+        if key.endswith(("_bytes", "_ns", "_threshold", "_accesses")) and value is not None:
+            _require(value >= 0, f"{key} must not be negative, got {value}")
+    cap = v["device.capacity_bytes"]
+    _require(
+        cap >= PAGE_BYTES and cap % PAGE_BYTES == 0,
+        f"device.capacity_bytes must be a positive multiple of {PAGE_BYTES}, got {cap}",
+    )
+    _require(v["flash.channels"] > 0, "flash.channels must be at least 1 (got "
+             f"{v['flash.channels']}); a device needs a channel to reach its flash")
+    _require(v["flash.dies_per_channel"] > 0,
+             f"flash.dies_per_channel must be at least 1, got {v['flash.dies_per_channel']}")
+    _require(v["flash.pages_per_block"] > 0,
+             f"flash.pages_per_block must be at least 1, got {v['flash.pages_per_block']}")
+    _fraction(v, "flash.overprovisioning", 0, 4)
+    _fraction(v, "gc.free_threshold", 0, 0.99)
+    dram = v["ssd_dram.size_bytes"]
+    log = v["write_log.size_bytes"] if v["write_log.enabled"] else 0
+    _require(
+        log <= dram,
+        f"write_log.size_bytes ({log}) is larger than ssd_dram.size_bytes ({dram}); "
+        "the log is carved out of the SSD DRAM: lower the log or raise the DRAM size",
+    )
+    cache_pages = (dram - log) // PAGE_BYTES
+    _require(v["cache.ways"] > 0, f"cache.ways must be at least 1, got {v['cache.ways']}")
+    if v["kind"] == "cxl-ssd":
+        _require(
+            cache_pages >= v["cache.ways"],
+            f"the data cache gets {dram - log} bytes of SSD DRAM, less than one set of "
+            f"{v['cache.ways']} x {PAGE_BYTES} B pages: raise ssd_dram.size_bytes or "
+            "lower write_log.size_bytes / cache.ways",
+        )
+    if v["write_log.enabled"]:
+        _require(v["write_log.entry_bytes"] > 0, "write_log.entry_bytes must be positive")
+        _require(v["write_log.size_bytes"] // v["write_log.entry_bytes"] >= 2,
+                 "write_log.size_bytes holds fewer than 2 entries: raise it")
+        _fraction(v, "write_log.flush_threshold", 0.001, 1)
+    lo, hi = v["migration.min_threshold"], v["migration.max_threshold"]
+    start = v["migration.initial_threshold"]
+    _require(1 <= lo <= start <= hi,
+             f"need 1 <= migration.min_threshold ({lo}) <= initial_threshold ({start}) "
+             f"<= max_threshold ({hi})")
+    _require(v["migration.window_accesses"] >= 1, "migration.window_accesses must be at least 1")
+    _require(
+        v["migration.raise_at_or_below_share"] < v["migration.lower_at_or_above_share"],
+        "migration.raise_at_or_below_share must be below migration.lower_at_or_above_share",
+    )

@@ -1,0 +1,104 @@
+"""Host interface: the device request and response records shared by every driver.
+
+A *device request* is one CXL.mem access that reached the device: which vCPU issued
+it, when (modelled ns), the device physical address (DPA, bytes), its size and
+whether it reads or writes. Two extra operations let a driver tell the model that the
+host OS has carried out a page migration (the firmware decides migrations; the guest
+performs them later), so a recorded stream replays to the same answers.
+
+Both record types are numpy structured dtypes with a fixed little-endian layout so
+the live driver can view a shared-memory ring chunk as an array without copying. The
+C equivalent of :data:`REQUEST_DTYPE` (24 bytes, no padding)::
+
+    struct cxlssd_request {
+        uint64_t time_ns;   /* issue time on the vCPU's modelled clock */
+        uint64_t addr;      /* device physical address, bytes */
+        uint16_t vcpu;
+        uint16_t size;      /* bytes, 1..64, must not cross a 64 B line */
+        uint8_t  op;        /* enum Op */
+        uint8_t  flags;     /* reserved, 0 */
+        uint16_t reserved;  /* 0 */
+    };
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+LINE_BYTES = 64
+PAGE_BYTES = 4096
+LINES_PER_PAGE = PAGE_BYTES // LINE_BYTES
+PAGE_SHIFT = 12
+LINE_SHIFT = 6
+
+
+class Op(enum.IntEnum):
+    """What a request record asks of the device."""
+
+    READ = 0
+    WRITE = 1
+    #: the host finished promoting page ``addr >> 12`` to host DRAM
+    PROMOTED = 2
+    #: the host finished demoting page ``addr >> 12``; ``flags & 1`` = it was dirty
+    DEMOTED = 3
+
+
+class Source(enum.IntEnum):
+    """Where a request was served from (``Response.source``)."""
+
+    NONE = 0  # a PROMOTED/DEMOTED notification: no data moved through the device
+    LOG = 1  # write-log hit (read) or append (write)
+    CACHE = 2  # SSD data-cache hit
+    FLASH = 3  # data-cache miss: the page was read from flash
+    PROMOTED = 4  # the page lives in host DRAM (promoted)
+    DRAM = 5  # the dram-only ideal device
+
+
+#: one device request (24 bytes)
+REQUEST_DTYPE = np.dtype(
+    [
+        ("time_ns", "<u8"),
+        ("addr", "<u8"),
+        ("vcpu", "<u2"),
+        ("size", "<u2"),
+        ("op", "u1"),
+        ("flags", "u1"),
+        ("reserved", "<u2"),
+    ]
+)
+
+#: the model's answer to one request (42 bytes)
+RESPONSE_DTYPE = np.dtype(
+    [
+        ("start_ns", "<i8"),  # when the device saw it (issue time + vCPU's stall so far)
+        ("latency_ns", "<i8"),  # until the data is there
+        ("ready_ns", "<i8"),  # start_ns + latency_ns
+        ("promote_page", "<i8"),  # page (DPA >> 12) the firmware decided to promote, or -1
+        ("demote_page", "<i8"),  # page the firmware decided to demote, or -1
+        ("source", "u1"),  # enum Source
+        ("long_delay", "?"),  # answered at once with "long delay, ready at ready_ns"
+    ]
+)
+
+#: Op.DEMOTED flag bit: the demoted page was written while in host DRAM
+FLAG_DIRTY = 1
+
+
+def make_requests(
+    addr: np.ndarray | list[int],
+    op: np.ndarray | list[int] | int = Op.READ,
+    time_ns: np.ndarray | list[int] | int = 0,
+    vcpu: np.ndarray | list[int] | int = 0,
+    size: int = LINE_BYTES,
+) -> np.ndarray:
+    """Build a request array (addresses are aligned down to their 64 B line)."""
+    addr_arr = np.asarray(addr, dtype=np.uint64)
+    out = np.zeros(addr_arr.shape[0], dtype=REQUEST_DTYPE)
+    out["addr"] = addr_arr & ~np.uint64(LINE_BYTES - 1)
+    out["op"] = op
+    out["time_ns"] = time_ns
+    out["vcpu"] = vcpu
+    out["size"] = size
+    return out

@@ -1,0 +1,113 @@
+"""Transaction scheduling: when each flash operation runs on its die and channel.
+
+The lowest layer (MQSim's transaction scheduling unit, simplified). A die is the unit
+of parallelism (planes are not modelled separately: without multi-plane commands they
+only add capacity). Dies are striped over channels: die ``d`` is on channel
+``d % channels``.
+
+Two classes of work share a die, with **read priority** as in real controllers:
+
+* *foreground* host reads (cache misses) queue FIFO among themselves on the die, then
+  on the channel for the transfer out;
+* *background* work (log-flush merge reads and programs, dirty write-backs, GC copies
+  and erases) is a per-die backlog that drains whenever the die has no foreground
+  work. A host read arriving while background work runs waits for the operation in
+  progress (the backlog is taken as whole page programs; no program/erase
+  suspension), then
+  goes first; the rest of the backlog resumes after it.
+
+Channel transfers (``transfer_ns`` per page, 0 by default) are booked in issue order
+per channel (a busy-until time, not a gap-filling reservation), which slightly
+over-estimates contention; background transfers are folded into the backlog.
+
+A background operation's completion time is an estimate made when it is queued
+(later host reads can push it back); the controller uses it for the write log's
+"flush done" time.
+"""
+
+from __future__ import annotations
+
+
+class FlashTimeline:
+    """Per-die and per-channel timing of ``channels x dies_per_channel`` dies (ns)."""
+
+    def __init__(
+        self,
+        channels: int,
+        dies_per_channel: int,
+        read_ns: int,
+        program_ns: int,
+        erase_ns: int,
+        transfer_ns: int = 0,
+    ) -> None:
+        self.channels = channels
+        self.n_dies = channels * dies_per_channel
+        self.read_ns = read_ns
+        self.program_ns = program_ns
+        self.erase_ns = erase_ns
+        self.transfer_ns = transfer_ns
+        # plain lists: scalar indexing of lists is several times faster than numpy's
+        self.fg_busy_ns = [0] * self.n_dies  # end of the last foreground read
+        self.bg_backlog_ns = [0] * self.n_dies  # background work not yet done ...
+        self.bg_clock_ns = [0] * self.n_dies  # ... as of this time
+        self.channel_busy_ns = [0] * channels
+
+    def _drain(self, die: int, time_ns: int) -> None:
+        """Advance die ``die``'s background backlog to ``time_ns``."""
+        idle_from = max(self.bg_clock_ns[die], self.fg_busy_ns[die])
+        if time_ns > idle_from:
+            self.bg_backlog_ns[die] = max(0, self.bg_backlog_ns[die] - (time_ns - idle_from))
+        if time_ns > self.bg_clock_ns[die]:
+            self.bg_clock_ns[die] = time_ns
+
+    def read(self, die: int, time_ns: int) -> int:
+        """A host page read issued at ``time_ns``; returns when its data is out."""
+        # _drain(die, time_ns), written out: this is on every cache miss
+        fg_busy = self.fg_busy_ns[die]
+        bg_clock = self.bg_clock_ns[die]
+        backlog = self.bg_backlog_ns[die]
+        idle_from = bg_clock if bg_clock > fg_busy else fg_busy
+        if time_ns > idle_from:
+            backlog = max(0, backlog - (time_ns - idle_from))
+        if time_ns > bg_clock:
+            bg_clock = time_ns
+        if fg_busy > time_ns:
+            start = fg_busy
+        else:
+            # wait for the background operation in progress, not for the whole backlog
+            # (the backlog is taken as whole page programs, the common background op)
+            wait = backlog % self.program_ns or min(backlog, self.program_ns)
+            backlog -= wait
+            start = time_ns + wait
+            bg_clock = start
+        self.bg_backlog_ns[die] = backlog
+        self.bg_clock_ns[die] = bg_clock
+        done = start + self.read_ns
+        if self.transfer_ns:
+            channel = die % self.channels
+            done = max(done, self.channel_busy_ns[channel]) + self.transfer_ns
+            self.channel_busy_ns[channel] = done
+        self.fg_busy_ns[die] = done  # the die's page register holds the data until then
+        return done
+
+    def background(self, die: int, time_ns: int, work_ns: int) -> int:
+        """Queue ``work_ns`` of background work on ``die``; returns its estimated end."""
+        self._drain(die, time_ns)
+        self.bg_backlog_ns[die] += work_ns
+        return max(time_ns, self.fg_busy_ns[die]) + self.bg_backlog_ns[die]
+
+    def program(self, die: int, time_ns: int) -> int:
+        """A page program (transfer in + array program), background."""
+        return self.background(die, time_ns, self.transfer_ns + self.program_ns)
+
+    def merge_read(self, die: int, time_ns: int) -> int:
+        """A page read on behalf of a log flush, background."""
+        return self.background(die, time_ns, self.read_ns + self.transfer_ns)
+
+    def copy(self, die: int, time_ns: int, pages: int) -> int:
+        """``pages`` on-die copies (GC relocation: read + program, no channel use)."""
+        return self.background(die, time_ns, pages * (self.read_ns + self.program_ns))
+
+    def erase(self, die: int, time_ns: int) -> int:
+        """A block erase, background."""
+        return self.background(die, time_ns, self.erase_ns)

@@ -1,0 +1,30 @@
+"""Exception classes shared by every part of the platform.
+
+Every error a user can cause (bad configuration, bad input file, missing
+prerequisite) is a :class:`CxlssdError`: the CLI prints its message on one line
+and exits with :attr:`CxlssdError.exit_code`, never with a traceback.
+"""
+
+
+class CxlssdError(Exception):
+    """Base class of the platform's expected errors: message names problem and fix."""
+
+    exit_code = 2
+
+
+class ConfigError(CxlssdError):
+    """A configuration file, profile or override is malformed or impossible."""
+
+
+class InputError(CxlssdError):
+    """An input file (trace, experiment, ...) is missing, truncated or of the wrong version."""
+
+
+class PrerequisiteError(CxlssdError):
+    """Something the platform needs on the host is missing or unusable."""
+
+
+class GuestError(CxlssdError):
+    """The guest did not come up, or a command in it failed to run."""
+
+    exit_code = 1

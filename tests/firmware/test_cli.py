@@ -1,0 +1,81 @@
+"""CLI: replay and trace commands through cxlssd.cli.main; bad input exits with 2."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from cxlssd.cli import main
+
+SMALL_SETS = ["--set", "device.capacity_bytes=64MiB", "--set", "ssd_dram.size_bytes=1MiB",
+              "--set", "write_log.size_bytes=128KiB"]
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory):
+    path = tmp_path_factory.mktemp("trace") / "t.trace"
+    assert main(["trace", "synth", str(path), "--requests", "20000", "--footprint", "8MiB",
+                 "--pattern", "hotset", "--hot", "256KiB"]) == 0
+    return path
+
+
+def test_replay_prints_and_writes_results(trace, tmp_path, capsys) -> None:
+    out = tmp_path / "r.json"
+    assert main(["replay", str(trace), "--design", "skybyte-full", *SMALL_SETS,
+                 "--set", "cache.ways=8", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "design skybyte-full: 20000 requests" in printed and "modelled stall total" in printed
+    result = json.loads(out.read_text())
+    assert result["profile"]["cache"]["ways"] == 8
+    assert result["profile"]["flash"]["read_ns"] == 3000
+    assert result["counters"]["model"]["requests"] == 20000
+    assert result["trace"]["metadata"]["pattern"] == "hotset"
+    assert set(result["stalls"]) >= {"stall_ns_total", "latency_ns_total"}
+
+
+def test_replay_is_deterministic_and_path_independent(trace, tmp_path) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(["replay", str(trace), "--design", "skybyte-wp", *SMALL_SETS, "--out", str(a)]) == 0
+    assert main(["replay", str(trace), "--design", "skybyte-wp", *SMALL_SETS, "--out", str(b),
+                 "--no-vectorize"]) == 0
+    assert a.read_text() == b.read_text()
+
+
+def test_trace_info(trace, capsys) -> None:
+    assert main(["trace", "info", str(trace)]) == 0
+    assert json.loads(capsys.readouterr().out)["records"] == 20000
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--design", "skybyte-ful"], "did you mean 'skybyte-full'"),
+        (["--set", "cache.wayz=4"], "did you mean 'cache.ways'"),
+        (["--set", "write_log.size_bytes=1GiB", "--design", "skybyte-w"], "larger than"),
+        (["--set", "flash.channels=0"], "flash.channels must be at least 1"),
+    ],
+)
+def test_bad_configuration_exits_2(trace, caplog, args, message) -> None:
+    assert main(["replay", str(trace), *args]) == 2
+    assert message in caplog.text
+
+
+def test_bad_trace_files_exit_2(trace, tmp_path, caplog) -> None:
+    data = trace.read_bytes()
+    (tmp_path / "cut").write_bytes(data[: len(data) // 2])
+    assert main(["replay", str(tmp_path / "cut")]) == 2
+    assert "truncated" in caplog.text
+    (tmp_path / "v9").write_bytes(data[:8] + struct.pack("<H", 9) + data[10:])
+    assert main(["replay", str(tmp_path / "v9")]) == 2
+    assert "version 9" in caplog.text
+    assert main(["replay", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in caplog.text
+
+
+def test_bench_runs_small(capsys) -> None:
+    assert main(["bench-firmware", "--requests", "20000", "--footprint", "8MiB",
+                 "--profiles", "base-cssd,dram-only"]) == 0
+    printed = capsys.readouterr().out
+    assert "base-cssd" in printed and "req/s" in printed

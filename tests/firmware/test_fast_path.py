@@ -1,0 +1,69 @@
+"""The fast paths (numpy runs, the inline per-request loop) give what ``_step`` gives.
+
+``test_controller.test_batch_path_equals_per_request_path`` covers short random
+streams; these cover long streams (window ends, flushes, GC, promotion to a full
+host budget), several vCPUs, pluggable policies, and known pitfalls.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cxlssd.firmware.cache import REPLACEMENT_POLICIES, LruPolicy
+from cxlssd.firmware.request import Op, Source, make_requests
+from cxlssd.firmware.synth import SynthSpec, synthesize
+
+DESIGNS = ["base-cssd", "skybyte-p", "skybyte-c", "skybyte-w", "skybyte-cp", "skybyte-wp",
+           "skybyte-full", "dram-only"]
+
+
+def _both(small_controller, design: str, requests: np.ndarray, pieces: int = 3, **overrides):
+    fast = small_controller(design, vectorize=True, **overrides)
+    slow = small_controller(design, vectorize=False, **overrides)
+    got = np.concatenate([fast.process(p) for p in np.array_split(requests, pieces)])
+    want = slow.process(requests)
+    return fast, slow, got, want
+
+
+@pytest.mark.parametrize("design", DESIGNS)
+@pytest.mark.parametrize("pattern", ["zipf", "hotset"])
+def test_long_streams_fast_equals_reference(small_controller, design, pattern) -> None:
+    spec = SynthSpec(pattern=pattern, requests=30_000, footprint_bytes=8 << 20,
+                     hot_bytes=512 << 10, vcpus=2, seed=7)
+    fast, slow, got, want = _both(small_controller, design, synthesize(spec),
+                                  migration__window_accesses=500)
+    assert np.array_equal(got, want)
+    assert fast.counter_dict() == slow.counter_dict()
+
+
+class _MruPolicy(LruPolicy):
+    """Evicts the most recently used page (a policy the inline loop does not know)."""
+
+    def victim(self, first_slot: int, ways: int) -> int:
+        return first_slot + int(np.argmax(self.stamp[first_slot : first_slot + ways]))
+
+
+@pytest.mark.parametrize("policy", ["fifo", "test-mru"])
+def test_other_replacement_policies_fast_equals_reference(small_controller, policy) -> None:
+    if "test-mru" not in REPLACEMENT_POLICIES.names():
+        REPLACEMENT_POLICIES.register("test-mru")(_MruPolicy)
+    spec = SynthSpec(pattern="zipf", requests=20_000, footprint_bytes=8 << 20, seed=3)
+    fast, slow, got, want = _both(small_controller, "skybyte-full", synthesize(spec),
+                                  cache__policy=policy)
+    assert np.array_equal(got, want)
+    assert fast.counter_dict() == slow.counter_dict()
+
+
+def test_read_of_a_line_logged_in_the_same_numpy_run_is_a_log_hit(small_controller) -> None:
+    # after warm-up, only simple requests (cache hits and appends), served by numpy
+    # runs; each read of line 5 of page 1 after its append must be a log hit
+    warm = make_requests(np.arange(4) * 4096, time_ns=np.arange(4) * 10_000)
+    hits = make_requests(np.arange(2000) % 4 * 4096, time_ns=np.arange(2000) * 1000 + 10**5)
+    addr = np.array([0, 4096 + 5 * 64, 8192, 4096 + 5 * 64] * 100)
+    op = np.array([Op.READ, Op.WRITE, Op.READ, Op.READ] * 100, dtype=np.uint8)
+    pattern = make_requests(addr, op, np.arange(400) * 1000 + 10**7)
+    requests = np.concatenate([warm, hits, pattern])
+    _, _, got, want = _both(small_controller, "skybyte-w", requests, pieces=1)
+    assert np.array_equal(got, want)
+    assert got["source"][4 + 2000 + 3] == Source.LOG
