@@ -2,9 +2,17 @@
 
 Built with ``mmdebstrap`` from Debian packages only, into the cache directory,
 keyed by a hash of its inputs (package list, suite, the files written into it,
-this builder), so it is rebuilt exactly when an input changes. Outputs: an ext4
-root image (booted read-only through QEMU ``snapshot=on``, so instances never
-change it), and the kernel and initrd taken out of it for ``-kernel``/``-initrd``.
+this builder), so it is rebuilt exactly when an input changes. Outputs: the
+kernel, and the whole root filesystem as an uncompressed initramfs (``newc``
+cpio) that systemd runs from directly (``rdinit=/sbin/init``).
+
+Why the root lives in RAM rather than on a virtio disk: the CXL window is MMIO in
+QEMU 10.0, so a device cannot DMA into it (virtio fails with "bogus descriptor or
+out of resources", even with larger bounce buffers, and the guest hangs). A
+process bound to the CXL node gets its *page cache* on that node too, and a disk
+read into it would be such a DMA. With a RAM root there is no block I/O at all;
+network buffers are kernel (unmovable) allocations, which stay on node 0 because
+the CXL node is ZONE_MOVABLE. The root uses ~340 MiB of node 0's DRAM.
 
 The image carries no keys: each instance passes its own SSH host key and
 authorized key through QEMU's ``fw_cfg``, which a unit installs before sshd.
@@ -30,11 +38,23 @@ log = logging.getLogger(__name__)
 SUITE = "trixie"
 # trixie has ndctl 81 (RAM regions), Python 3.13 and numpy 2; its kernel is 6.12.
 PACKAGES = (
-    "systemd-sysv", "udev", "openssh-server", "linux-image-amd64", "initramfs-tools",
-    "python3", "python3-numpy", "numactl", "ndctl", "daxctl", "kmod", "iproute2",
-    "procps", "trace-cmd",
+    "systemd-sysv",
+    "udev",
+    "openssh-server",
+    "linux-image-amd64",
+    "initramfs-tools",
+    "python3",
+    "python3-numpy",
+    "numactl",
+    "ndctl",
+    "daxctl",
+    "kmod",
+    "iproute2",
+    "procps",
+    "trace-cmd",
 )
-EXTRA_FREE_BYTES = 512 << 20
+# Not needed in a running guest whose root is the initramfs itself.
+EXCLUDED_FROM_ROOT = ("./boot", "./var/cache/apt", "./var/lib/apt/lists", "./usr/share/doc")
 FILES_DIR = Path(__file__).parent / "rootfs"
 
 
@@ -43,17 +63,16 @@ class GuestImage:
     """A built guest image: the files QEMU boots."""
 
     kernel: Path
-    initrd: Path
     rootfs: Path
 
     def exists(self) -> bool:
-        return all(p.is_file() for p in (self.kernel, self.initrd, self.rootfs))
+        return self.kernel.is_file() and self.rootfs.is_file()
 
 
 def _image_key() -> str:
     # The mirror is not part of the key: any mirror serves the same suite.
     digest = hashlib.sha256()
-    digest.update(json.dumps([SUITE, PACKAGES, EXTRA_FREE_BYTES]).encode())
+    digest.update(json.dumps([SUITE, PACKAGES, EXCLUDED_FROM_ROOT]).encode())
     digest.update(Path(__file__).read_bytes())
     for path in sorted(FILES_DIR.rglob("*")):
         if path.is_file():
@@ -79,7 +98,7 @@ def image_dir() -> Path:
 def current_image() -> GuestImage:
     """The image for the current inputs (it may not be built yet)."""
     root = image_dir() / f"{SUITE}-{_image_key()}"
-    return GuestImage(kernel=root / "vmlinuz", initrd=root / "initrd.img", rootfs=root / "rootfs.ext4")
+    return GuestImage(kernel=root / "vmlinuz", rootfs=root / "rootfs.cpio")
 
 
 def ensure_image() -> GuestImage:
@@ -87,8 +106,8 @@ def ensure_image() -> GuestImage:
     image = current_image()
     if image.exists():
         return image
-    for tool in ("mmdebstrap", "mke2fs"):
-        if shutil.which(tool) is None and not Path("/usr/sbin", tool).exists():
+    for tool in ("mmdebstrap", "cpio"):
+        if shutil.which(tool) is None:
             raise PrerequisiteError(f"{tool} not found; run ./cxlssd setup to install it")
     _build(image, _debian_mirror())
     return image
@@ -114,19 +133,15 @@ def _build(image: GuestImage, mirror: str) -> None:
         ], "mmdebstrap")
         _customize(tree)
         kernels = sorted((tree / "boot").glob("vmlinuz-*"))
-        initrds = sorted((tree / "boot").glob("initrd.img-*"))
-        if not kernels or not initrds:
-            raise PrerequisiteError(f"the guest image has no kernel/initrd in {tree}/boot")
+        if not kernels:
+            raise PrerequisiteError(f"the guest image has no kernel in {tree}/boot")
         shutil.copy(kernels[-1], staging / image.kernel.name)
-        shutil.copy(initrds[-1], staging / image.initrd.name)
-        used_bytes = int(subprocess.run(
-            ["du", "-sb", str(tree)], check=True, capture_output=True, text=True
-        ).stdout.split()[0])
-        size_mib = (used_bytes + EXTRA_FREE_BYTES) >> 20
-        _run(["mke2fs", "-q", "-t", "ext4", "-L", "cxlssd-root", "-d", str(tree),
-              str(staging / image.rootfs.name), f"{size_mib}M"], "mke2fs")
+        _write_cpio(tree, staging / image.rootfs.name)
         shutil.rmtree(tree)
-        shutil.rmtree(out_dir, ignore_errors=True)
+        # Only the current image is kept: older ones are ~0.5 GB each.
+        for old in image_dir().glob(f"{SUITE}-*"):
+            if old != staging:
+                shutil.rmtree(old, ignore_errors=True)
         staging.rename(out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -146,9 +161,34 @@ def _customize(tree: Path) -> None:
         key.unlink()
     _run(["systemctl", f"--root={tree}", "enable", "cxlssd-init.service"], "systemctl enable")
     # Timers and services a scratch test guest does not need slow its boot under TCG.
-    _run(["systemctl", f"--root={tree}", "mask", "apt-daily.timer", "apt-daily-upgrade.timer",
-          "e2scrub_all.timer", "fstrim.timer", "systemd-timesyncd.service",
-          "ssh.socket"], "systemctl mask")
+    _run(
+        [
+            "systemctl",
+            f"--root={tree}",
+            "mask",
+            "apt-daily.timer",
+            "apt-daily-upgrade.timer",
+            "e2scrub_all.timer",
+            "fstrim.timer",
+            "systemd-timesyncd.service",
+            "ssh.socket",
+        ],
+        "systemctl mask",
+    )
+
+
+def _write_cpio(tree: Path, out: Path) -> None:
+    """Pack ``tree`` as an uncompressed newc cpio (decompression is slow under TCG)."""
+    find = subprocess.run(["find", ".", "-mindepth", "1"], cwd=tree, check=True,
+                          capture_output=True)
+    paths = [p for p in find.stdout.split(b"\n") if p and not any(
+        p == x.encode() or p.startswith(x.encode() + b"/") for x in EXCLUDED_FROM_ROOT)]
+    with open(out, "wb") as archive:
+        result = subprocess.run(["cpio", "--quiet", "-o", "-H", "newc"], cwd=tree,
+                                input=b"\n".join(paths) + b"\n", stdout=archive,
+                                stderr=subprocess.PIPE)
+    if result.returncode != 0:
+        raise PrerequisiteError(f"cpio failed while building the guest image: {result.stderr.decode()}")
 
 
 def _run(argv: list[str], what: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -34,15 +35,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv``, run the chosen command, and map expected errors to exit codes."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    # `test` hands every option it does not know to pytest (argparse's REMAINDER
+    # cannot start with an option); anything else must be fully understood.
+    if unknown and getattr(args, "pytest_args", None) is None:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:
+        args.pytest_args = [*unknown, *args.pytest_args]
+    # A polite kill (SIGTERM) must clean up like Ctrl-C: stop QEMU, remove runtime files.
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(message)s" if not args.verbose else "%(asctime)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("paramiko").setLevel(logging.WARNING)
     try:
         status: int = args.handler(args)
     except CxlssdError as error:

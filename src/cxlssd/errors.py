@@ -26,5 +26,3 @@ class PrerequisiteError(CxlssdError):
 
 class GuestError(CxlssdError):
     """The guest did not come up, or a command in it failed to run."""
-
-    exit_code = 1

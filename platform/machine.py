@@ -1,0 +1,353 @@
+"""A running platform instance: QEMU with CXL devices, QMP, SSH, and its runtime dir.
+
+Lifecycle as in QEMU's own ``QEMUMachine``: ``launch()`` boots and makes the
+guest ready (CXL regions onlined as CPU-less NUMA nodes), ``shutdown()`` stops
+everything and removes the runtime directory (sockets, keys, device backing
+files); the context manager does both, also on errors and Ctrl-C. An instance
+whose owner died without cleaning up is reaped by the next launch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import paramiko
+from qemu.qmp.legacy import QEMUMonitorProtocol
+
+from cxlssd.errors import GuestError, PrerequisiteError
+from cxlssd.guest.image import GuestImage, ensure_image
+from cxlssd.paths import cache_dir, runtime_root
+from cxlssd.platform.config import PlatformConfig, format_size
+from cxlssd.platform.qemu import LaunchFiles, QemuBinary, check_qemu, qemu_argv
+from cxlssd.platform.ssh import GuestSSH, InstanceKeys, wait_for_banner
+
+log = logging.getLogger(__name__)
+
+CXL_SETUP_SCRIPT = Path(__file__).resolve().parents[1] / "guest" / "cxl_setup.py"
+# pxb-cxl bus numbers: device i sits behind host bridge bus 12 + 8*i (see qemu.py).
+FIRST_CXL_BUS, CXL_BUS_STRIDE = 12, 8
+SHUTDOWN_TIMEOUT_S = 15.0
+SERIAL_TAIL_LINES = 25
+KEEP_LOG_DIRS = 20
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class CxlDevice:
+    """A CXL device as the guest sees it, and where its data lives on the host."""
+
+    index: int
+    memdev: str
+    region: str
+    node: int
+    hpa_base: int
+    dpa_base: int
+    size_bytes: int
+    backing_file: Path
+
+    def backing_offset(self, hpa: int) -> int:
+        """File offset (== DPA) holding the guest physical address ``hpa`` (1-way interleave)."""
+        if not self.hpa_base <= hpa < self.hpa_base + self.size_bytes:
+            raise ValueError(f"HPA {hpa:#x} is outside {self.region}")
+        return hpa - self.hpa_base + self.dpa_base
+
+
+def _die_with_parent() -> None:
+    """Runs in QEMU's child before exec: SIGKILL QEMU if the platform process dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_stale_instances() -> list[str]:
+    """Remove runtime dirs of instances whose owner process is gone (killed -9),
+    killing their QEMU if it survived. Returns the names reaped."""
+    reaped = []
+    for rundir in runtime_root().iterdir():
+        owner = rundir / "owner.pid"
+        try:
+            owner_pid = int(owner.read_text())
+        except (OSError, ValueError):
+            owner_pid = 0
+        if owner_pid and _pid_alive(owner_pid):
+            continue
+        with contextlib.suppress(OSError, ValueError, ProcessLookupError):
+            os.kill(int((rundir / "qemu.pid").read_text()), signal.SIGKILL)
+        shutil.rmtree(rundir, ignore_errors=True)
+        reaped.append(rundir.name)
+    return reaped
+
+
+def check_host_capacity(config: PlatformConfig, shm_dir: Path) -> None:
+    """Refuse a platform the host cannot back: guest DRAM + CXL memory in RAM,
+    the CXL backing files on tmpfs."""
+    stat = os.statvfs(shm_dir)
+    shm_free = stat.f_bavail * stat.f_frsize
+    if config.cxl_total_bytes > shm_free:
+        raise PrerequisiteError(
+            f"{config.source}: the CXL devices need {format_size(config.cxl_total_bytes)} of "
+            f"backing files but {shm_dir} has {shm_free >> 20} MiB free; use smaller cxl_devices sizes"
+        )
+    meminfo = Path("/proc/meminfo").read_text()
+    available = (
+        int(next(x for x in meminfo.splitlines() if x.startswith("MemAvailable")).split()[1]) << 10
+    )
+    need = config.guest.dram_bytes + config.cxl_total_bytes
+    if need > available:
+        raise PrerequisiteError(
+            f"{config.source}: guest DRAM + CXL memory is {format_size(need)} but the host has only "
+            f"{available >> 20} MiB available; reduce guest.dram or cxl_devices sizes"
+        )
+
+
+class Platform:
+    """One QEMU guest with CXL Type-3 devices, ready for commands over SSH."""
+
+    def __init__(
+        self, config: PlatformConfig, image: GuestImage | None = None,
+        extra_qemu_args: Sequence[str] = (),
+    ) -> None:
+        self.config = config
+        # Appended to QEMU's command line (e.g. ``-plugin``); an argv list, never a shell string.
+        self.extra_qemu_args = list(extra_qemu_args)
+        self.name = f"{config.name}-{secrets.token_hex(3)}"
+        self._image = image
+        self.rundir: Path | None = None
+        self.log_dir = cache_dir() / "logs" / self.name
+        self.serial_log = self.log_dir / "serial.log"
+        self.devices: list[CxlDevice] = []
+        self.ssh: GuestSSH | None = None
+        self.boot_seconds: float | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._qmp: QEMUMonitorProtocol | None = None
+        self._keys: InstanceKeys | None = None
+        self._files: LaunchFiles | None = None
+        self.ssh_port = 0
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def __enter__(self) -> Platform:
+        self.launch()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.shutdown()
+
+    def launch(self) -> None:
+        """Boot the guest and bring the CXL devices up as NUMA nodes.
+        On any failure (or Ctrl-C) everything started so far is stopped."""
+        qemu = check_qemu()
+        image = self._image or ensure_image()
+        root = runtime_root()
+        check_host_capacity(self.config, root)
+        for name in reap_stale_instances():
+            log.info("removed the leftovers of instance %s (its owner had died)", name)
+        try:
+            self._start(qemu, image, root)
+            started = time.monotonic()
+            self._wait_until_ready(started)
+            self.devices = self._setup_cxl()
+            self.boot_seconds = time.monotonic() - started
+            log.info(
+                "guest %s ready in %.0f s (emulator wall-clock, not a result)",
+                self.name,
+                self.boot_seconds,
+            )
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start(self, qemu: QemuBinary, image: GuestImage, root: Path) -> None:
+        rundir = root / self.name
+        rundir.mkdir(mode=0o700)
+        self.rundir = rundir
+        (rundir / "owner.pid").write_text(str(os.getpid()))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._prune_logs()
+        self._keys = InstanceKeys.generate(rundir)
+        files = LaunchFiles(
+            kernel=image.kernel,
+            rootfs=image.rootfs,
+            qmp_socket=rundir / "qmp.sock",
+            serial_log=self.serial_log,
+            host_key=self._keys.host_key,
+            authorized_keys=self._keys.authorized_keys,
+            cxl_backing=tuple(rundir / f"cxl{i}.raw" for i in range(len(self.config.cxl_devices))),
+        )
+        self._files = files
+        self.ssh_port = _free_port()
+        argv = [*qemu_argv(qemu, self.config, files, self.ssh_port), *self.extra_qemu_args]
+        log.debug("QEMU: %s", argv)
+        (rundir / "instance.json").write_text(
+            json.dumps(
+                {
+                    "name": self.name,
+                    "ssh_port": self.ssh_port,
+                    "qmp_socket": str(files.qmp_socket),
+                    "config": self.config.source,
+                }
+            )
+        )
+        with open(self.log_dir / "qemu.log", "wb") as qemu_log:
+            self._process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=qemu_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        (rundir / "qemu.pid").write_text(str(self._process.pid))
+        log.info(
+            "booting guest %s (QEMU pid %d, serial log %s)",
+            self.name,
+            self._process.pid,
+            self.serial_log,
+        )
+
+    def _check_alive(self) -> None:
+        if self._process is not None and self._process.poll() is not None:
+            qemu_out = (self.log_dir / "qemu.log").read_text(errors="replace").strip()
+            raise GuestError(
+                f"QEMU exited with status {self._process.returncode} while booting: "
+                f"{qemu_out[-1500:] or '(no output)'}\n{self.serial_tail()}"
+            )
+
+    def _wait_until_ready(self, started: float) -> None:
+        deadline = started + self.config.guest.boot_timeout_s
+        assert self._keys is not None
+        try:
+            wait_for_banner(self.ssh_port, deadline, self._check_alive)
+        except TimeoutError:
+            raise GuestError(
+                f"guest {self.name} did not come up within {self.config.guest.boot_timeout_s:.0f} s "
+                f"(guest.boot_timeout_s in {self.config.source}); {self.serial_tail()}"
+            ) from None
+        assert self._files is not None
+        self._qmp = QEMUMonitorProtocol(str(self._files.qmp_socket))
+        self._qmp.connect()
+        self.ssh = GuestSSH(self.ssh_port, self._keys)
+        try:
+            self.ssh.connect()
+        except (paramiko.SSHException, OSError) as error:
+            raise GuestError(
+                f"cannot log in to guest {self.name} over SSH ({error}); {self.serial_tail()}"
+            ) from None
+
+    def _setup_cxl(self) -> list[CxlDevice]:
+        assert self.ssh is not None and self._files is not None
+        status, out, err = self.ssh.run(
+            ["python3", "-", str(len(self.config.cxl_devices))], stdin=CXL_SETUP_SCRIPT.read_bytes()
+        )
+        if status != 0:
+            raise GuestError(
+                f"setting up the CXL devices in the guest failed: {err.decode().strip()}"
+            )
+        devices = []
+        for found in json.loads(out):
+            index = (found["host_bridge_bus"] - FIRST_CXL_BUS) // CXL_BUS_STRIDE
+            devices.append(
+                CxlDevice(
+                    index=index,
+                    memdev=found["memdev"],
+                    region=found["region"],
+                    node=found["node"],
+                    hpa_base=found["hpa_base"],
+                    dpa_base=found["dpa_base"],
+                    size_bytes=found["size_bytes"],
+                    backing_file=self._files.cxl_backing[index],
+                )
+            )
+        devices.sort(key=lambda d: d.index)
+        if len(devices) != len(self.config.cxl_devices):
+            raise GuestError(
+                f"the guest found {len(devices)} CXL devices, the config has {len(self.config.cxl_devices)}"
+            )
+        return devices
+
+    def shutdown(self) -> None:
+        """Stop QEMU and remove the runtime directory. Safe to call more than once."""
+        if self.ssh is not None:
+            self.ssh.close()
+            self.ssh = None
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            if self._qmp is not None:
+                # QEMU may close the socket before answering 'quit'.
+                with contextlib.suppress(Exception):
+                    self._qmp.cmd("quit")
+            else:  # not connected yet (boot failed or interrupted): QEMU quits on SIGTERM
+                process.terminate()
+            try:
+                process.wait(timeout=SHUTDOWN_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._qmp is not None:
+            with contextlib.suppress(Exception):
+                self._qmp.close()
+            self._qmp = None
+        if self.rundir is not None:
+            shutil.rmtree(self.rundir, ignore_errors=True)
+            self.rundir = None
+
+    # -- use -----------------------------------------------------------------------
+
+    @property
+    def qmp(self) -> QEMUMonitorProtocol:
+        if self._qmp is None:
+            raise GuestError(f"instance {self.name} is not running")
+        return self._qmp
+
+    def guest(self) -> GuestSSH:
+        if self.ssh is None:
+            raise GuestError(f"instance {self.name} is not running")
+        return self.ssh
+
+    def serial_tail(self, lines: int = SERIAL_TAIL_LINES) -> str:
+        try:
+            text = self.serial_log.read_text(errors="replace")
+        except OSError:
+            return "no serial output"
+        tail = "\n".join(text.strip().splitlines()[-lines:])
+        return f"last lines of the serial log ({self.serial_log}):\n{tail}"
+
+    def _prune_logs(self) -> None:
+        logs = sorted(self.log_dir.parent.iterdir(), key=lambda p: p.stat().st_mtime)
+        for old in logs[:-KEEP_LOG_DIRS]:
+            shutil.rmtree(old, ignore_errors=True)

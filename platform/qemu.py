@@ -1,0 +1,131 @@
+"""The QEMU binary and the command line of a CXL platform.
+
+Topology (measured to work with QEMU 10.0 under TCG, see docs/platform.md):
+each CXL device gets its own ``pxb-cxl`` host bridge, root port and fixed
+memory window, so each becomes its own region and CPU-less NUMA node.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from cxlssd.errors import PrerequisiteError
+from cxlssd.platform.config import MiB, PlatformConfig
+
+QEMU_MIN_VERSION = (10, 0)
+# QEMU's memory hotplug area, where the CXL windows are placed after; room for the windows.
+MAXMEM_EXTRA_BYTES = 8 << 30
+
+
+@dataclass(frozen=True)
+class QemuBinary:
+    binary: str
+    version: tuple[int, int, int]
+
+    @property
+    def version_text(self) -> str:
+        return ".".join(map(str, self.version))
+
+
+def check_qemu() -> QemuBinary:
+    """Find ``qemu-system-x86_64`` (or ``$CXLSSD_QEMU``) and check it is new enough."""
+    name = os.environ.get("CXLSSD_QEMU", "qemu-system-x86_64")
+    binary = shutil.which(name)
+    if binary is None:
+        raise PrerequisiteError(
+            f"QEMU not found ({name}); run ./cxlssd setup to install QEMU 10 from bookworm-backports"
+        )
+    try:
+        out = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise PrerequisiteError(f"cannot run {binary} --version: {error}") from None
+    match = re.search(r"version (\d+)\.(\d+)\.(\d+)", out)
+    if not match:
+        raise PrerequisiteError(f"{binary} --version printed no QEMU version; is it QEMU?")
+    version = (int(match.group(1)), int(match.group(2)), int(match.group(3)))
+    if version[:2] < QEMU_MIN_VERSION:
+        need = ".".join(map(str, QEMU_MIN_VERSION))
+        raise PrerequisiteError(
+            f"QEMU {'.'.join(map(str, version))} at {binary} is too old; cxlssd needs >= {need} "
+            "(run ./cxlssd setup, which installs it from bookworm-backports)"
+        )
+    return QemuBinary(binary=binary, version=version)
+
+
+@dataclass(frozen=True)
+class LaunchFiles:
+    """Per-instance files the command line refers to (all inside the runtime dir)."""
+
+    kernel: Path
+    rootfs: Path
+    qmp_socket: Path
+    serial_log: Path
+    host_key: Path
+    authorized_keys: Path
+    cxl_backing: tuple[Path, ...]
+
+
+KERNEL_ARGS = (
+    # The root filesystem is the initramfs (see guest/image.py): no disk, no DMA.
+    "console=ttyS0", "rdinit=/sbin/init", "net.ifnames=0", "panic=-1", "loglevel=4",
+    # CXL memory comes up offline so the platform can online it ZONE_MOVABLE: the
+    # guest kernel's own allocations then stay on node 0.
+    "memhp_default_state=offline",
+    "mitigations=off", "systemd.show_status=false",
+)
+
+
+def _qemu_size(size_bytes: int) -> str:
+    """QEMU's size syntax (its suffixes are binary: M = MiB); sizes are whole MiB."""
+    return f"{size_bytes // MiB}M"
+
+
+def qemu_argv(
+    qemu: QemuBinary, config: PlatformConfig, files: LaunchFiles, ssh_port: int
+) -> list[str]:
+    """The QEMU command line for ``config``, as an argv list."""
+    dram = _qemu_size(config.guest.dram_bytes)
+    maxmem = _qemu_size(config.guest.dram_bytes + MAXMEM_EXTRA_BYTES)
+    argv = [
+        qemu.binary,
+        "-M", "q35,cxl=on", "-accel", "tcg", "-cpu", "max,hypervisor=off",
+        "-m", f"{dram},maxmem={maxmem},slots=4", "-smp", str(config.guest.vcpus),
+        "-object", f"memory-backend-ram,id=ram0,size={dram}",
+        "-numa", f"node,nodeid=0,cpus=0-{config.guest.vcpus - 1},memdev=ram0",
+        "-kernel", str(files.kernel), "-initrd", str(files.rootfs),
+        "-append", " ".join(KERNEL_ARGS),
+        "-netdev", f"user,id=net0,hostfwd=tcp:127.0.0.1:{ssh_port}-:22",
+        "-device", "virtio-net-pci,netdev=net0,bus=pcie.0",
+        "-fw_cfg", f"name=opt/cxlssd/ssh_host_ed25519_key,file={files.host_key}",
+        "-fw_cfg", f"name=opt/cxlssd/authorized_keys,file={files.authorized_keys}",
+        "-qmp", f"unix:{files.qmp_socket},server=on,wait=off",
+        "-serial", f"file:{files.serial_log}",
+        "-display", "none", "-monitor", "none", "-no-reboot",
+    ]
+    windows = []
+    for index, (device, backing) in enumerate(
+        zip(config.cxl_devices, files.cxl_backing, strict=True)
+    ):
+        size = _qemu_size(device.size_bytes)
+        argv += [
+            "-object",
+            f"memory-backend-file,id=cxl-mem{index},share=on,mem-path={backing},size={size}",
+            "-device",
+            f"pxb-cxl,bus_nr={12 + 8 * index},bus=pcie.0,id=cxl.{index}",
+            "-device",
+            f"cxl-rp,port=0,bus=cxl.{index},id=cxl-rp{index},chassis=0,slot={2 + index}",
+            # x-pcie-err-unc-mask=off lets injected uncorrectable errors reach the guest.
+            "-device",
+            f"cxl-type3,bus=cxl-rp{index},volatile-memdev=cxl-mem{index},"
+            f"id=cxl-vmem{index},x-pcie-err-unc-mask=off",
+        ]
+        windows.append(f"cxl-fmw.{index}.targets.0=cxl.{index},cxl-fmw.{index}.size={size}")
+    # QEMU takes all fixed memory windows in one -M option ("used inconsistently" otherwise).
+    return [*argv, "-M", ",".join(windows)]

@@ -1,0 +1,179 @@
+"""SSH into a guest: per-instance keys, strict host-key check, streamed commands."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import paramiko
+
+from cxlssd.errors import GuestError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class InstanceKeys:
+    """The key pair the host logs in with and the guest's host key (both ed25519)."""
+
+    client_key: Path
+    host_key: Path
+
+    @property
+    def authorized_keys(self) -> Path:
+        return self.client_key.with_suffix(".pub")
+
+    @property
+    def host_public_key(self) -> Path:
+        return self.host_key.with_suffix(".pub")
+
+    @classmethod
+    def generate(cls, directory: Path) -> InstanceKeys:
+        keys = cls(client_key=directory / "client_key", host_key=directory / "host_key")
+        for path, comment in ((keys.client_key, "cxlssd-client"), (keys.host_key, "cxlssd-host")):
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+                check=True,
+                capture_output=True,
+            )
+        return keys
+
+
+def wait_for_banner(port: int, deadline: float, alive: Callable[[], None]) -> None:
+    """Wait until sshd answers with its banner: QEMU's user-mode forwarder
+    accepts TCP before sshd listens, so an accepted connection proves nothing.
+    ``alive`` raises if the guest died meanwhile."""
+    while True:
+        alive()
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
+                conn.settimeout(5)
+                if conn.recv(4).startswith(b"SSH-"):
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError
+        time.sleep(1)
+
+
+class GuestSSH:
+    """An SSH connection to one guest as root."""
+
+    def __init__(self, port: int, keys: InstanceKeys) -> None:
+        self.port = port
+        self.keys = keys
+        self._client = paramiko.SSHClient()
+        host_key = paramiko.Ed25519Key.from_private_key_file(str(keys.host_key))
+        self._client.get_host_keys().add(f"[127.0.0.1]:{port}", host_key.get_name(), host_key)
+        self._client.set_missing_host_key_policy(paramiko.RejectPolicy())
+
+    def connect(self) -> None:
+        self._client.connect(
+            "127.0.0.1",
+            port=self.port,
+            username="root",
+            key_filename=str(self.keys.client_key),
+            allow_agent=False,
+            look_for_keys=False,
+            timeout=30,
+            banner_timeout=60,
+            auth_timeout=60,
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def run(
+        self,
+        argv: Sequence[str],
+        stdin: bytes | None = None,
+        stdout: BinaryIO | None = None,
+        stderr: BinaryIO | None = None,
+        check: bool = False,
+    ) -> tuple[int, bytes, bytes]:
+        """Run ``argv`` in the guest. Output is streamed to ``stdout``/``stderr`` when
+        given, else captured and returned. Returns (exit status, stdout, stderr)."""
+        command = shlex.join(argv)
+        transport = self._client.get_transport()
+        if transport is None or not transport.is_active():
+            raise GuestError("the SSH connection to the guest is closed")
+        channel = transport.open_session()
+        channel.exec_command(command)
+        if stdin is not None:
+            channel.sendall(stdin)
+        channel.shutdown_write()
+        out, err = bytearray(), bytearray()
+        while True:
+            got_out = _drain(channel.recv_ready, channel.recv, stdout, out)
+            got_err = _drain(channel.recv_stderr_ready, channel.recv_stderr, stderr, err)
+            if not (got_out or got_err):
+                if channel.exit_status_ready() and not (
+                    channel.recv_ready() or channel.recv_stderr_ready()
+                ):
+                    break
+                time.sleep(0.01)
+        status = channel.recv_exit_status()
+        channel.close()
+        if check and status != 0:
+            raise GuestError(
+                f"guest command failed with status {status}: {command}\n"
+                + bytes(err).decode(errors="replace").strip()[-2000:]
+            )
+        return status, bytes(out), bytes(err)
+
+    def open_process(self, argv: Sequence[str]) -> paramiko.Channel:
+        """Start ``argv`` and return its channel, for interactive use (tests, agents)."""
+        transport = self._client.get_transport()
+        if transport is None:
+            raise GuestError("the SSH connection to the guest is closed")
+        channel = transport.open_session()
+        channel.exec_command(shlex.join(argv))
+        return channel
+
+    def interactive_argv(self, known_hosts: Path) -> list[str]:
+        """An ``ssh`` command line for a shell in the guest (append a command to run
+        one); writes ``known_hosts`` with the instance's host key so it is checked."""
+        key_type, key_data = self.keys.host_public_key.read_text().split()[:2]
+        known_hosts.write_text(f"[127.0.0.1]:{self.port} {key_type} {key_data}\n")
+        return [
+            "ssh",
+            "-p",
+            str(self.port),
+            "-i",
+            str(self.keys.client_key),
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            f"UserKnownHostsFile={known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "LogLevel=ERROR",
+            "root@127.0.0.1",
+        ]
+
+
+def _drain(
+    ready: Callable[[], bool],
+    receive: Callable[[int], bytes],
+    stream: BinaryIO | None,
+    buffer: bytearray,
+) -> bool:
+    """Move what a channel has ready to ``stream`` (streamed) or ``buffer`` (captured)."""
+    if not ready():
+        return False
+    chunk = receive(65536)
+    if stream is None:
+        buffer.extend(chunk)
+    else:
+        stream.write(chunk)
+        stream.flush()
+    return True

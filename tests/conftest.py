@@ -1,0 +1,79 @@
+"""Shared fixtures: an isolated runtime dir for the session, one booted guest per
+session, and a leak check after every test (no QEMU, socket or /dev/shm file of
+the platform may outlive the test that started it)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# Every test, and every ./cxlssd the tests start, uses this private runtime root.
+RUNTIME = Path(f"/dev/shm/cxlssd-test-{os.getpid()}")
+os.environ["CXLSSD_RUNTIME"] = str(RUNTIME)
+
+
+def platform_processes() -> list[str]:
+    """Command lines of live processes started from the test runtime dir (QEMU)."""
+    found = subprocess.run(["pgrep", "-a", "-f", str(RUNTIME)], capture_output=True, text=True)
+    return [line for line in found.stdout.splitlines() if "pgrep" not in line]
+
+
+def leftovers(allowed: set[str]) -> list[str]:
+    entries = {p.name for p in RUNTIME.iterdir()} if RUNTIME.exists() else set()
+    stray = [f"runtime dir {name}" for name in sorted(entries - allowed)]
+    processes = [p for p in platform_processes() if not any(name in p for name in allowed)]
+    return stray + [f"process {p}" for p in processes]
+
+
+_live_instances: set[str] = set()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks() -> Iterator[None]:
+    yield
+    assert leftovers(_live_instances) == [], "the test left platform state behind"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    remaining = leftovers(set())
+    shutil.rmtree(RUNTIME, ignore_errors=True)
+    if remaining:
+        session.exitstatus = 1
+        print(f"\nLEAK after the session: {remaining}")
+
+
+@pytest.fixture(scope="session")
+def default_platform() -> Iterator[object]:
+    """The default platform, booted once for the whole session."""
+    from cxlssd.platform.config import load_config
+    from cxlssd.platform.machine import Platform
+
+    with Platform(load_config()) as platform:
+        _live_instances.add(platform.name)
+        yield platform
+    _live_instances.discard(platform.name)
+
+
+def _run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(REPO / "cxlssd"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.fixture
+def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run the ./cxlssd entry point as a user would: ``cli("guest", "exec", ...)``."""
+    return _run_cli

@@ -1,0 +1,130 @@
+"""Integration: a real guest boots with real CXL Type-3 devices onlined as CPU-less
+NUMA nodes, and a process bound to the CXL node really writes into the device."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from cxlssd.platform.config import CONFIG_DIR, load_config
+from cxlssd.platform.machine import Platform
+
+pytestmark = pytest.mark.guest
+MARKER_SCRIPT = Path(__file__).with_name("guest_marker.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _node_facts(platform: Platform, node: int) -> tuple[str, int]:
+    guest = platform.guest()
+    _, cpulist, _ = guest.run(["cat", f"/sys/devices/system/node/node{node}/cpulist"], check=True)
+    _, meminfo, _ = guest.run(["cat", f"/sys/devices/system/node/node{node}/meminfo"], check=True)
+    total_kib = next(
+        int(line.split()[3]) for line in meminfo.decode().splitlines() if "MemTotal" in line
+    )
+    return cpulist.decode().strip(), total_kib * 1024
+
+
+def _assert_cpuless_nodes(platform: Platform) -> None:
+    for config_device, device in zip(platform.config.cxl_devices, platform.devices, strict=True):
+        cpus, size_bytes = _node_facts(platform, device.node)
+        assert cpus == "", f"node {device.node} has CPUs {cpus}"
+        assert abs(size_bytes - config_device.size_bytes) <= 0.01 * config_device.size_bytes
+
+
+def test_cxl_list_shows_memdev_and_region(default_platform: Platform) -> None:
+    _, out, _ = default_platform.guest().run(["cxl", "list", "-M", "-R"], check=True)
+    listing = json.loads(out)
+    memdevs = [m for entry in listing for m in entry.get("memdevs", [])]
+    regions = [r for entry in listing for r in entry.get("regions", [])]
+    assert [m["ram_size"] for m in memdevs] == [1 << 30]
+    assert (
+        len(regions) == 1 and regions[0]["type"] == "ram" and regions[0]["decode_state"] == "commit"
+    )
+
+
+def test_cxl_node_is_cpuless_with_the_configured_size(default_platform: Platform) -> None:
+    assert [d.node for d in default_platform.devices] == [1]
+    _assert_cpuless_nodes(default_platform)
+    # ZONE_MOVABLE: the guest kernel's own allocations stay off the device.
+    _, zoneinfo, _ = default_platform.guest().run(["cat", "/proc/zoneinfo"], check=True)
+    assert "Node 1, zone  Movable" in zoneinfo.decode()
+
+
+def test_bound_process_writes_into_the_device_backing_file(default_platform: Platform) -> None:
+    marker = secrets.token_bytes(16)
+    pages = 64
+    device = default_platform.devices[0]
+    channel = default_platform.guest().open_process(
+        [
+            "numactl",
+            f"--membind={device.node}",
+            "python3",
+            "-c",
+            MARKER_SCRIPT.read_text(),
+            marker.hex(),
+            str(pages),
+        ]
+    )
+    try:
+        physical = json.loads(channel.makefile("r").readline())
+        assert len(physical) == pages
+        with open(device.backing_file, "rb") as backing:
+            for hpa in physical:
+                backing.seek(device.backing_offset(hpa))  # file offset == DPA
+                assert backing.read(len(marker)) == marker, f"marker missing at HPA {hpa:#x}"
+    finally:
+        channel.shutdown_write()
+        assert channel.recv_exit_status() == 0
+
+
+def test_two_devices_give_two_cpuless_nodes() -> None:
+    with Platform(load_config(CONFIG_DIR / "two-devices.yaml")) as platform:
+        assert sorted(d.node for d in platform.devices) == [1, 2]
+        _assert_cpuless_nodes(platform)
+
+
+def test_guest_exec_streams_output_and_exit_status(
+    cli: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    result = cli("guest", "exec", "--", "sh", "-c", "echo hello from $(hostname); exit 3")
+    assert result.returncode == 3
+    assert "hello from cxlssd-guest" in result.stdout
+    assert "ready in" in result.stderr and "not a result" in result.stderr
+
+
+def test_ctrl_c_during_boot_leaves_nothing(tmp_path: Path) -> None:
+    runtime = Path(os.environ["CXLSSD_RUNTIME"])
+    before = set(runtime.iterdir()) if runtime.exists() else set()
+    process = subprocess.Popen(
+        [str(REPO / "cxlssd"), "guest", "exec", "--", "true"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 120
+    while not any((d / "qemu.pid").exists() for d in set(runtime.iterdir()) - before):
+        assert process.poll() is None and time.monotonic() < deadline, "QEMU never started"
+        time.sleep(0.2)
+    time.sleep(2)  # QEMU is booting now
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "interrupted" in stderr.decode()
+    # The autouse leak check asserts no QEMU process or runtime file remains.
+
+
+def test_shell_command_logs_in_with_the_pinned_host_key(default_platform: Platform) -> None:
+    assert default_platform.rundir is not None
+    argv = default_platform.guest().interactive_argv(default_platform.rundir / "known_hosts")
+    assert "StrictHostKeyChecking=yes" in argv and "127.0.0.1" in argv[-1]
+    result = subprocess.run([*argv, "echo", "shell-ok"], capture_output=True, text=True, timeout=60,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 0 and result.stdout.strip() == "shell-ok", result.stderr

@@ -1,0 +1,53 @@
+"""The QEMU command line: the measured CXL topology, private sockets, loopback-only SSH."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cxlssd.platform.config import CONFIG_DIR, load_config
+from cxlssd.platform.qemu import LaunchFiles, QemuBinary, qemu_argv
+
+
+def _argv(config_name: str) -> list[str]:
+    config = load_config(CONFIG_DIR / config_name)
+    run = Path("/run/x")
+    files = LaunchFiles(
+        kernel=Path("/k"),
+        rootfs=Path("/r"),
+        qmp_socket=run / "qmp.sock",
+        serial_log=Path("/log/serial"),
+        host_key=run / "hk",
+        authorized_keys=run / "ak",
+        cxl_backing=tuple(run / f"cxl{i}.raw" for i in range(len(config.cxl_devices))),
+    )
+    return qemu_argv(QemuBinary("/usr/bin/qemu", (10, 0, 2)), config, files, 2222)
+
+
+def test_two_devices_get_own_bridges_and_windows() -> None:
+    argv = _argv("two-devices.yaml")
+    joined = " ".join(argv)
+    assert "cpu max,hypervisor=off" in joined.replace("-cpu ", "cpu ")
+    assert "memory-backend-file,id=cxl-mem0,share=on,mem-path=/run/x/cxl0.raw,size=512M" in argv
+    assert "memory-backend-file,id=cxl-mem1,share=on,mem-path=/run/x/cxl1.raw,size=256M" in argv
+    assert "pxb-cxl,bus_nr=12,bus=pcie.0,id=cxl.0" in argv
+    assert "pxb-cxl,bus_nr=20,bus=pcie.0,id=cxl.1" in argv
+    # QEMU rejects the windows split over several -M options.
+    windows = [a for a in argv if a.startswith("cxl-fmw")]
+    assert windows == [
+        "cxl-fmw.0.targets.0=cxl.0,cxl-fmw.0.size=512M,"
+        "cxl-fmw.1.targets.0=cxl.1,cxl-fmw.1.size=256M"
+    ]
+
+
+def test_ssh_forward_is_loopback_only_and_qmp_is_a_unix_socket() -> None:
+    argv = _argv("default.yaml")
+    assert "user,id=net0,hostfwd=tcp:127.0.0.1:2222-:22" in argv
+    assert "unix:/run/x/qmp.sock,server=on,wait=off" in argv
+    assert "-m" in argv and argv[argv.index("-m") + 1] == "2048M,maxmem=10240M,slots=4"
+
+
+def test_root_is_the_initramfs_so_no_disk_dma_into_the_cxl_window() -> None:
+    argv = _argv("default.yaml")
+    assert argv[argv.index("-initrd") + 1] == "/r"
+    assert "rdinit=/sbin/init" in argv[argv.index("-append") + 1]
+    assert not any("virtio-blk" in a or a == "-drive" for a in argv)
