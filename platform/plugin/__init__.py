@@ -1,0 +1,1 @@
+"""The platform's TCG plugin (C): its sources, its build, and a reader of its counters."""

@@ -1,0 +1,295 @@
+"""Read the TCG plugin's live counters, and publish CXL windows to it.
+
+The plugin (``shm=PATH``) keeps its counters in a small file of fixed layout
+(``cxlssd_plugin.c`` and docs/plugin.md): a 64-byte header, a table of 8
+window slots, then one 64-byte slot per vCPU. This module maps that file and
+reads it with numpy while the guest runs::
+
+    with PluginCounters(rundir / "plugin.counters") as counters:
+        counters.publish_window(device.hpa_base, device.size_bytes)
+        before = counters.snapshot()
+        ...  # run something in the guest
+        delta = counters.snapshot() - before
+
+Every counter is a monotonic 64-bit value written with single aligned stores,
+so no value is ever torn; a snapshot is not atomic across counters (the guest
+keeps running while it is taken).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+
+from cxlssd.errors import InputError
+
+MAGIC = int.from_bytes(b"CXLSSDPC", "little")
+LAYOUT_VERSION = 1
+HEADER_BYTES = 64
+SLOT_BYTES = 64
+LINE_BYTES = 64
+STATE_RUNNING, STATE_EXITED = 1, 2
+WINDOW_REJECTED, WINDOW_ACCEPTED = 1, 2
+
+# Header fields: (name, byte offset, numpy type).
+_HEADER = {
+    "magic": (0, np.uint64),
+    "version": (8, np.uint32),
+    "header_bytes": (12, np.uint32),
+    "vcpu_slots": (16, np.uint32),
+    "window_slots": (20, np.uint32),
+    "window_offset": (24, np.uint32),
+    "vcpu_offset": (28, np.uint32),
+    "n_windows": (32, np.uint32),
+    "state": (36, np.uint32),
+    "file_bytes": (40, np.uint64),
+    "qemu_pid": (48, np.uint64),
+}
+# Fields of a window slot and of a vCPU slot, in order, each a u64.
+WINDOW_FIELDS = ("base", "size", "loads", "stores", "lines_touched", "flags")
+VCPU_FIELDS = ("insns", "mem_accesses", "io_accesses", "cxl_loads", "cxl_stores")
+_U64_PER_SLOT = SLOT_BYTES // 8
+
+
+@dataclass(frozen=True)
+class VcpuCounters:
+    """One vCPU's counters (instructions, and its loads/stores by target)."""
+
+    insns: int
+    mem_accesses: int
+    io_accesses: int
+    cxl_loads: int
+    cxl_stores: int
+
+    def __sub__(self, other: VcpuCounters) -> VcpuCounters:
+        return VcpuCounters(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(self)))
+
+
+@dataclass(frozen=True)
+class WindowCounters:
+    """Accesses the plugin counted in one CXL window (guest-physical range)."""
+
+    base: int
+    size: int
+    loads: int
+    stores: int
+    lines_touched: int
+    accepted: bool
+    rejected: bool
+
+    def __sub__(self, other: WindowCounters) -> WindowCounters:
+        return WindowCounters(
+            self.base,
+            self.size,
+            self.loads - other.loads,
+            self.stores - other.stores,
+            self.lines_touched - other.lines_touched,
+            self.accepted,
+            self.rejected,
+        )
+
+
+@dataclass(frozen=True)
+class CounterSnapshot:
+    """The counters at one moment (or the difference of two moments)."""
+
+    vcpus: tuple[VcpuCounters, ...]
+    windows: tuple[WindowCounters, ...]
+    exited: bool
+
+    @property
+    def insns(self) -> int:
+        return sum(v.insns for v in self.vcpus)
+
+    @property
+    def mem_accesses(self) -> int:
+        return sum(v.mem_accesses for v in self.vcpus)
+
+    @property
+    def cxl_loads(self) -> int:
+        return sum(v.cxl_loads for v in self.vcpus)
+
+    @property
+    def cxl_stores(self) -> int:
+        return sum(v.cxl_stores for v in self.vcpus)
+
+    def __sub__(self, earlier: CounterSnapshot) -> CounterSnapshot:
+        """Counts between ``earlier`` and this snapshot (windows published since count from 0)."""
+        windows = list(self.windows)
+        for i, old in enumerate(earlier.windows[: len(windows)]):
+            windows[i] = windows[i] - old
+        return CounterSnapshot(
+            tuple(new - old for new, old in zip(self.vcpus, earlier.vcpus, strict=True)),
+            tuple(windows),
+            self.exited,
+        )
+
+
+class PluginCounters:
+    """The plugin's shared counters file, mapped read-write (publishing windows
+    writes to it). Use as a context manager or call :meth:`open`/:meth:`close`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._map: mmap.mmap | None = None
+        self._u32: np.ndarray | None = None
+        self._u64: np.ndarray | None = None
+        self.vcpu_slots = 0
+        self.window_slots = 0
+        self._window_u64 = 0
+        self._vcpu_u64 = 0
+
+    def __enter__(self) -> PluginCounters:
+        self.open()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def open(self, timeout_s: float = 10.0) -> None:
+        """Map the file, waiting up to ``timeout_s`` for the plugin to create and
+        initialise it. An :class:`InputError` if it never appears or is not a
+        counters file of this layout version."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+            except FileNotFoundError:
+                fd = -1
+            if fd >= 0:
+                try:
+                    size = os.fstat(fd).st_size
+                    if size >= HEADER_BYTES:
+                        mapped = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                        if int(np.frombuffer(mapped, np.uint64, 1, 0)[0]) == MAGIC:
+                            self._attach(mapped)
+                            return
+                        mapped.close()
+                finally:
+                    os.close(fd)
+            if time.monotonic() >= deadline:
+                raise InputError(
+                    f"{self.path} is not a ready cxlssd plugin counters file after {timeout_s:.0f} s "
+                    "(is QEMU running with -plugin libcxlssd.so,shm=PATH?)"
+                )
+            time.sleep(0.05)
+
+    def _attach(self, mapped: mmap.mmap) -> None:
+        u32 = np.frombuffer(mapped, np.uint32)
+        header = {
+            name: int(np.frombuffer(mapped, kind, 1, offset)[0]) for name, (offset, kind) in _HEADER.items()
+        }
+        problem = None
+        if header["version"] != LAYOUT_VERSION:
+            problem = f"layout version {header['version']}, this reader knows {LAYOUT_VERSION}"
+        elif header["file_bytes"] > len(mapped) or header["header_bytes"] != HEADER_BYTES:
+            problem = "header does not match the file size"
+        elif header["window_offset"] % SLOT_BYTES or header["vcpu_offset"] % SLOT_BYTES:
+            problem = "misaligned tables"
+        if problem is not None:
+            del u32
+            mapped.close()
+            raise InputError(f"{self.path}: not a usable plugin counters file: {problem}")
+        self._map = mapped
+        self._u32 = u32
+        self._u64 = np.frombuffer(mapped, np.uint64)
+        self.vcpu_slots = header["vcpu_slots"]
+        self.window_slots = header["window_slots"]
+        self._window_u64 = header["window_offset"] // 8
+        self._vcpu_u64 = header["vcpu_offset"] // 8
+
+    def close(self) -> None:
+        """Unmap the file (the file itself belongs to the instance's runtime dir)."""
+        # numpy views pin the mapping: drop them before closing it.
+        self._u32 = self._u64 = None
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._u32 is None or self._u64 is None:
+            raise InputError(f"plugin counters {self.path} are not open")
+        return self._u32, self._u64
+
+    @property
+    def qemu_pid(self) -> int:
+        _, u64 = self._arrays()
+        return int(u64[_HEADER["qemu_pid"][0] // 8])
+
+    def snapshot(self) -> CounterSnapshot:
+        """Copy all counters now."""
+        u32, u64 = self._arrays()
+        n_windows = min(int(u32[_HEADER["n_windows"][0] // 4]), self.window_slots)
+        exited = int(u32[_HEADER["state"][0] // 4]) == STATE_EXITED
+        vcpu_rows = (
+            u64[self._vcpu_u64 : self._vcpu_u64 + self.vcpu_slots * _U64_PER_SLOT]
+            .copy()
+            .reshape(self.vcpu_slots, _U64_PER_SLOT)
+        )
+        window_rows = (
+            u64[self._window_u64 : self._window_u64 + n_windows * _U64_PER_SLOT]
+            .copy()
+            .reshape(n_windows, _U64_PER_SLOT)
+        )
+        vcpus = tuple(VcpuCounters(*(int(x) for x in row[: len(VCPU_FIELDS)])) for row in vcpu_rows)
+        windows = tuple(
+            WindowCounters(
+                base=int(row[0]),
+                size=int(row[1]),
+                loads=int(row[2]),
+                stores=int(row[3]),
+                lines_touched=int(row[4]),
+                accepted=bool(int(row[5]) & WINDOW_ACCEPTED),
+                rejected=bool(int(row[5]) & WINDOW_REJECTED),
+            )
+            for row in window_rows
+        )
+        return CounterSnapshot(vcpus, windows, exited)
+
+    def publish_window(self, base: int, size: int, wait_s: float = 10.0) -> int:
+        """Tell the plugin that guest-physical ``[base, base + size)`` is a CXL
+        window and wait until it counts there; returns the window's index.
+
+        The plugin picks the window up at the guest's next memory access (a
+        running guest makes them constantly, timer interrupts included)."""
+        u32, u64 = self._arrays()
+        if size <= 0 or base < 0 or base % LINE_BYTES or size % LINE_BYTES:
+            raise ValueError(f"window {base:#x}+{size:#x}: base and size must be positive multiples of 64")
+        existing = self.snapshot().windows
+        for window in existing:
+            if window.base == base and window.size == size and not window.rejected:
+                return existing.index(window)
+            if not window.rejected and base < window.base + window.size and window.base < base + size:
+                raise ValueError(f"window {base:#x}+{size:#x} overlaps {window.base:#x}+{window.size:#x}")
+        index = len(existing)
+        if index >= self.window_slots:
+            raise ValueError(f"the plugin has only {self.window_slots} window slots, all used")
+        slot = self._window_u64 + index * _U64_PER_SLOT
+        u64[slot] = base
+        u64[slot + 1] = size
+        # x86 stores are seen in program order: base and size before the new count.
+        u32[_HEADER["n_windows"][0] // 4] = index + 1
+        deadline = time.monotonic() + wait_s
+        while True:
+            flags = int(u64[slot + 5])
+            if flags & WINDOW_REJECTED:
+                raise ValueError(f"the plugin rejected window {base:#x}+{size:#x} (see QEMU's log)")
+            if flags & WINDOW_ACCEPTED:
+                return index
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"the plugin did not pick up window {base:#x}+{size:#x} within {wait_s:.0f} s "
+                    "(is the guest running?)"
+                )
+            time.sleep(0.01)
