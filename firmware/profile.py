@@ -20,7 +20,7 @@ import yaml
 
 from cxlssd.errors import ConfigError
 from cxlssd.firmware.registry import suggest
-from cxlssd.firmware.request import PAGE_BYTES
+from cxlssd.firmware.request import LINES_PER_PAGE, PAGE_BYTES
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 BASE_PROFILE = "base-cssd"
@@ -286,8 +286,10 @@ def _validate(v: dict[str, Any]) -> None:
         )
     if v["write_log.enabled"]:
         _require(v["write_log.entry_bytes"] > 0, "write_log.entry_bytes must be positive")
-        _require(v["write_log.size_bytes"] // v["write_log.entry_bytes"] >= 2,
-                 "write_log.size_bytes holds fewer than 2 entries: raise it")
+        # A dirty demotion logs a whole page at once: the log must hold one.
+        _require(v["write_log.size_bytes"] // v["write_log.entry_bytes"] >= LINES_PER_PAGE,
+                 f"write_log.size_bytes holds fewer than {LINES_PER_PAGE} entries "
+                 "(one page of lines, what a dirty demotion logs at once): raise it")
         _fraction(v, "write_log.flush_threshold", 0.001, 1)
     lo, hi = v["migration.min_threshold"], v["migration.max_threshold"]
     start = v["migration.initial_threshold"]

@@ -69,6 +69,8 @@ class WriteLog:
 
     def _make_room(self, entries: int, time_ns: int) -> int:
         """Time at which ``entries`` more entries fit (stalling for a flush if needed)."""
+        if entries > self.capacity:  # would wait forever; the profile check prevents it
+            raise ValueError(f"{entries} entries can never fit a log of {self.capacity}")
         self._retire(time_ns)
         start = time_ns
         while self.live + self.inflight + entries > self.capacity:

@@ -11,6 +11,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# CI gets one try: the same examples every run there (Hypothesis' advice); local
+# runs explore new random examples each time.
+settings.register_profile("ci", derandomize=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 REPO = Path(__file__).resolve().parents[1]
 # Every test, and every ./cxlssd the tests start, uses this private runtime root.

@@ -11,7 +11,7 @@ from cxlssd.errors import InputError
 from cxlssd.firmware.request import FLAG_DIRTY, REQUEST_DTYPE, Op, Source, make_requests
 
 # a tiny device so that short streams miss, evict, flush, promote and demote
-TINY = {"ssd_dram__size_bytes": "64KiB", "write_log__size_bytes": "4KiB", "cache__ways": 4,
+TINY = {"ssd_dram__size_bytes": "64KiB", "write_log__size_bytes": "8KiB", "cache__ways": 4,
         "migration__window_accesses": 50, "migration__host_capacity_bytes": "16KiB",
         "migration__initial_threshold": 2}
 DESIGNS = ["base-cssd", "skybyte-p", "skybyte-c", "skybyte-w", "skybyte-full", "dram-only"]

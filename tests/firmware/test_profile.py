@@ -53,6 +53,7 @@ def test_overrides_and_presets() -> None:
         (["cache.wayz=4"], "did you mean 'cache.ways'"),
         (["cache.ways=many"], "must be an integer"),
         (["write_log.size_bytes=1GiB"], "larger than ssd_dram.size_bytes"),
+        (["write_log.size_bytes=4KiB"], "fewer than 64 entries"),
         (["flash.channels=0"], "flash.channels must be at least 1"),
         (["flash.preset=qlc"], "unknown flash.preset"),
         (["migration.min_threshold=5"], "min_threshold"),
