@@ -106,6 +106,11 @@ def ensure_image() -> GuestImage:
     image = current_image()
     if image.exists():
         return image
+    if os.geteuid() != 0:
+        raise PrerequisiteError(
+            "building the guest image needs root (mmdebstrap --mode=root keeps file owners); "
+            "run ./cxlssd as root (e.g. after 'sudo -i'), as the README says"
+        )
     for tool in ("mmdebstrap", "cpio"):
         if shutil.which(tool) is None:
             raise PrerequisiteError(f"{tool} not found; run ./cxlssd setup to install it")

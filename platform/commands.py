@@ -65,7 +65,7 @@ def _add_config_option(parser: argparse.ArgumentParser) -> None:
 
 
 def guest_exec(args: argparse.Namespace) -> int:
-    argv = [a for a in args.argv if a != "--"] if args.argv[:1] == ["--"] else args.argv
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
         raise ConfigError("guest exec needs a command, e.g. ./cxlssd guest exec -- numactl -H")
     config = load_config(args.config)

@@ -54,7 +54,7 @@ def run_tests(args: argparse.Namespace) -> int:
             log.error("error: %s found problems (see above)", name)
             return 1
     log.info("== pytest")
-    pytest_args = [a for a in args.pytest_args if a != "--"]
+    pytest_args = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
     # -P: the repo root's platform/ folder must not shadow the standard library module.
     return subprocess.run(
         [sys.executable, "-P", "-m", "pytest", *pytest_args], cwd=REPO_ROOT

@@ -94,9 +94,10 @@ def test_two_devices_give_two_cpuless_nodes() -> None:
 def test_guest_exec_streams_output_and_exit_status(
     cli: Callable[..., subprocess.CompletedProcess[str]],
 ) -> None:
-    result = cli("guest", "exec", "--", "sh", "-c", "echo hello from $(hostname); exit 3")
+    # the inner "--" belongs to the command: only the leading one is the separator
+    result = cli("guest", "exec", "--", "sh", "-c", "echo hello from $(hostname) $1; exit 3", "--", "x")
     assert result.returncode == 3
-    assert "hello from cxlssd-guest" in result.stdout
+    assert "hello from cxlssd-guest x" in result.stdout
     assert "ready in" in result.stderr and "not a result" in result.stderr
 
 
