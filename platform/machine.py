@@ -182,6 +182,7 @@ class Platform:
             started = time.monotonic()
             self._wait_until_ready(started)
             self.devices = self._setup_cxl()
+            self._write_instance_file()  # now with what the guest made of each device
             self.boot_seconds = time.monotonic() - started
             log.info(
                 "guest %s ready in %.0f s (emulator wall-clock, not a result)",
@@ -213,16 +214,7 @@ class Platform:
         self.ssh_port = _free_port()
         argv = [*qemu_argv(qemu, self.config, files, self.ssh_port), *self.extra_qemu_args]
         log.debug("QEMU: %s", argv)
-        (rundir / "instance.json").write_text(
-            json.dumps(
-                {
-                    "name": self.name,
-                    "ssh_port": self.ssh_port,
-                    "qmp_socket": str(files.qmp_socket),
-                    "config": self.config.source,
-                }
-            )
-        )
+        self._write_instance_file()
         with open(self.log_dir / "qemu.log", "wb") as qemu_log:
             self._process = subprocess.Popen(
                 argv,
@@ -239,6 +231,35 @@ class Platform:
             self._process.pid,
             self.serial_log,
         )
+
+    def _write_instance_file(self) -> None:
+        """``instance.json``: how other processes (``./cxlssd inject``) reach and check
+        this instance. Devices carry the guest's view once the CXL setup has run."""
+        assert self.rundir is not None and self._files is not None
+        found = {d.index: d for d in self.devices}
+        devices = []
+        for index, device in enumerate(self.config.cxl_devices):
+            entry: dict[str, object] = {"index": index, "size_bytes": device.size_bytes}
+            if index in found:
+                d = found[index]
+                entry.update(memdev=d.memdev, region=d.region, node=d.node,
+                             hpa_base=d.hpa_base, dpa_base=d.dpa_base)
+            devices.append(entry)
+        # Written whole and renamed, so another process never reads half a file.
+        staging = self.rundir / "instance.json.tmp"
+        staging.write_text(
+            json.dumps(
+                {
+                    "name": self.name,
+                    "ssh_port": self.ssh_port,
+                    "qmp_socket": str(self._files.qmp_socket),
+                    "inject_socket": str(self._files.inject_socket),
+                    "config": self.config.source,
+                    "devices": devices,
+                }
+            )
+        )
+        staging.replace(self.rundir / "instance.json")
 
     def _check_alive(self) -> None:
         if self._process is not None and self._process.poll() is not None:

@@ -71,6 +71,13 @@ class LaunchFiles:
     authorized_keys: Path
     cxl_backing: tuple[Path, ...]
 
+    @property
+    def inject_socket(self) -> Path:
+        """A second QMP server, next to the first, for other processes (``./cxlssd
+        inject``): QEMU's QMP socket serves one client at a time and the platform
+        holds the first."""
+        return self.qmp_socket.with_name("inject.sock")
+
 
 KERNEL_ARGS = (
     # The root filesystem is the initramfs (see guest/image.py): no disk, no DMA.
@@ -106,6 +113,7 @@ def qemu_argv(
         "-fw_cfg", f"name=opt/cxlssd/ssh_host_ed25519_key,file={files.host_key}",
         "-fw_cfg", f"name=opt/cxlssd/authorized_keys,file={files.authorized_keys}",
         "-qmp", f"unix:{files.qmp_socket},server=on,wait=off",
+        "-qmp", f"unix:{files.inject_socket},server=on,wait=off",
         "-serial", f"file:{files.serial_log}",
         "-display", "none", "-monitor", "none", "-no-reboot",
     ]

@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     from cxlssd import setup_commands
     from cxlssd.firmware import commands as firmware_commands
     from cxlssd.platform import commands as platform_commands
+    from cxlssd.platform import inject_commands
 
     parser = argparse.ArgumentParser(
         prog="cxlssd",
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for area in (setup_commands, platform_commands, firmware_commands):
+    for area in (setup_commands, platform_commands, inject_commands, firmware_commands):
         area.register(subparsers)
     return parser
 

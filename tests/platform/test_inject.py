@@ -1,0 +1,436 @@
+"""Run-time injection through QEMU's CXL QMP commands (issue 7, QMP part).
+
+Unit tests check every validation without a VM, and the CLI's errors through
+``cxlssd.cli.main``; a QEMU started paused (no guest, <1 s) checks that every kind's
+arguments are accepted by the real QEMU 10 and that the by-name path works; the
+guest tests inject each kind into the session's shared guest and find its effect
+there. The uncorrectable error breaks the device's region (link reset), so it gets
+a guest of its own, last in the module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cxlssd.cli import main
+from cxlssd.errors import ConfigError
+from cxlssd.paths import runtime_root
+from cxlssd.platform.config import load_config
+from cxlssd.platform.inject import (
+    Correctable,
+    DeviceView,
+    DramEvent,
+    GeneralMediaEvent,
+    Injection,
+    MemoryModuleEvent,
+    Poison,
+    RunningInstance,
+    Uncorrectable,
+    UncorrectableError,
+    inject,
+    prepare,
+    running_instances,
+    unmask_corrected_internal_errors,
+)
+from cxlssd.platform.machine import Platform
+from cxlssd.platform.qemu import check_qemu
+
+GiB = 1 << 30
+DEVICE = DeviceView(index=0, size_bytes=GiB, memdev="mem0", region="region0", hpa_base=0x410000000)
+
+
+def run_cli(*argv: str) -> int:
+    """``./cxlssd ARGV`` in-process: its exit status (argparse errors exit, others return)."""
+    try:
+        return main(list(argv))
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+
+
+# -- validation, no VM -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: Poison(dpa=0x1001), r"0x1001 is not 64-byte aligned.*use 0x1000 or 0x1040"),
+        (lambda: Poison(dpa=0x1000, length=0), "positive multiple of 64"),
+        (lambda: Poison(dpa=0x1000, length=100), "positive multiple of 64"),
+        (lambda: Poison(dpa=-64), "non-negative"),
+        (lambda: Poison(dpa=0, device=-1), "device index"),
+        (lambda: Uncorrectable(errors=()), "at least one error type"),
+        (lambda: UncorrectableError(error_type="mem-data-ec"), "did you mean mem-data-ecc"),
+        (lambda: UncorrectableError(error_type="internal", header=(0,) * 33), "at most 32"),
+        (lambda: UncorrectableError(error_type="internal", header=(1 << 32,)), "32-bit"),
+        (lambda: Correctable(error_type="bogus"), "unknown.*known: cache-data-ecc"),
+        (lambda: GeneralMediaEvent(dpa=0x2000, log="debug"), "event log 'debug' is unknown"),
+        (lambda: GeneralMediaEvent(dpa=0x2010), "not 64-byte aligned"),
+        (lambda: GeneralMediaEvent(dpa=0, flags=0x40), "undefined bits"),
+        (lambda: GeneralMediaEvent(dpa=0, descriptor=8), "undefined bits.*poison-list-overflow"),
+        (lambda: GeneralMediaEvent(dpa=0, event_type=3), "event type 3 is not a known value"),
+        (lambda: GeneralMediaEvent(dpa=0, event_type="ecc-eror"), "did you mean ecc-error"),
+        (lambda: GeneralMediaEvent(dpa=0, transaction_type=7), "transaction type 7"),
+        (lambda: GeneralMediaEvent(dpa=0, channel=256), "8-bit"),
+        (lambda: GeneralMediaEvent(dpa=0, device_mask=1 << 24), "24-bit"),
+        (lambda: GeneralMediaEvent(dpa=0, component_id="x" * 16), "1-15 ASCII"),
+        (lambda: DramEvent(dpa=0, event_type=4), "event type 4"),
+        (lambda: DramEvent(dpa=0, row=1 << 24), "24-bit"),
+        (lambda: DramEvent(dpa=0, column=1 << 16), "16-bit"),
+        (lambda: DramEvent(dpa=0, correction_mask=(1, 2, 3, 4, 5)), "at most 4"),
+        (lambda: MemoryModuleEvent(event_type=6), "event type 6"),
+        (lambda: MemoryModuleEvent(health_status=8), "undefined bits"),
+        (lambda: MemoryModuleEvent(media_status=10), "media status 10"),
+        (lambda: MemoryModuleEvent(additional_status=0x3), "reserved value 3"),
+        (lambda: MemoryModuleEvent(additional_status=0x40), "6-bit"),
+        (lambda: MemoryModuleEvent(life_used=101), "percentage"),
+        (lambda: MemoryModuleEvent(temperature=1 << 15), "16 bits signed"),
+        (lambda: MemoryModuleEvent(dirty_shutdown_count=1 << 32), "32-bit"),
+    ],
+)
+def test_malformed_injections_are_rejected_when_built(build: Callable[[], object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build()
+
+
+@pytest.mark.parametrize(
+    ("injection", "message"),
+    [
+        (Poison(dpa=GiB), r"outside device 0 \(1024 MiB.*below 0x3fffffc0"),
+        (Poison(dpa=GiB - 64, length=128), "outside device 0"),
+        (GeneralMediaEvent(dpa=2 * GiB), "outside device 0"),
+        (DramEvent(dpa=GiB), "outside device 0"),
+        (Poison(dpa=0, device=1), r"device 1 does not exist.*1 CXL device\(s\) \(index 0\)"),
+        (Correctable(error_type="physical", device=3), "device 3 does not exist"),
+    ],
+)
+def test_injections_outside_the_device_are_rejected(injection: Injection, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        prepare(injection, [DEVICE], "test-instance")
+
+
+def test_qmp_arguments_use_qemu_10_names() -> None:
+    """The argument names and encodings of QEMU 10.0's qapi/cxl.json."""
+    _, args = prepare(Poison(dpa=GiB - 64), [DEVICE], "t")
+    assert args == {"path": "/machine/peripheral/cxl-vmem0", "start": GiB - 64, "length": 64}
+    _, args = prepare(
+        GeneralMediaEvent(dpa=0x2000, event_type="data-path-error", channel=1, device_mask=5,
+                          component_id="dimm0", not_repairable=True),
+        [DEVICE], "t",
+    )
+    assert args == {
+        "path": "/machine/peripheral/cxl-vmem0", "log": "failure", "flags": 2, "dpa": 0x2003,
+        "descriptor": 1, "type": 2, "transaction-type": 1, "channel": 1, "device": 5,
+        "component-id": "dimm0",
+    }
+    dram = DramEvent(dpa=0x40, log="warning", flags=0x9, event_type=1, transaction_type="host-write",
+                     bank_group=2, row=7, correction_mask=(1, 2)).arguments()
+    assert dram == {
+        "log": "warning", "flags": 9, "dpa": 0x41, "descriptor": 1, "type": 1, "transaction-type": 2,
+        "bank-group": 2, "row": 7, "correction-mask": [1, 2],
+    }
+    module = MemoryModuleEvent(event_type="temperature-change", temperature=-5).arguments()
+    assert module["type"] == 3 and module["temperature"] == -5 and module["flags"] == 0
+    assert Uncorrectable(
+        errors=(UncorrectableError(error_type="internal", header=(1, 2)),)
+    ).arguments() == {"errors": [{"type": "internal", "header": [1, 2]}]}
+    assert Correctable(error_type="mem-data-ecc").arguments() == {"type": "mem-data-ecc"}
+
+
+# -- the CLI, no VM: a fake running instance (this process stands in for it) ------------
+
+
+@pytest.fixture
+def fake_instance() -> Iterator[str]:
+    """A runtime dir that looks like a running instance; its QMP endpoint does not
+    exist, so anything that got past validation would fail differently."""
+    name = f"fake-{os.getpid()}"
+    rundir = runtime_root() / name
+    rundir.mkdir(mode=0o700)
+    for pid_file in ("owner.pid", "qemu.pid"):
+        (rundir / pid_file).write_text(str(os.getpid()))
+    (rundir / "instance.json").write_text(json.dumps({
+        "name": name, "inject_socket": str(rundir / "inject.sock"),
+        "devices": [{"index": 0, "size_bytes": GiB}],
+    }))
+    yield name
+    shutil.rmtree(rundir)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["poison", "--dpa", "0x1001"], "not 64-byte aligned"),
+        (["poison", "--dpa", "0x40000000"], "outside device 0"),
+        (["poison", "--dpa", "0x1000", "--length", "96"], "multiple of 64"),
+        (["poison", "--dpa", "0x1000", "--device", "1"], "device 1 does not exist"),
+        (["correctable", "--type", "mem-data"], "did you mean mem-data-ecc"),
+        (["uncorrectable", "--type", "nonsense"], "uncorrectable error type 'nonsense' is unknown"),
+        (["general-media", "--dpa", "0x2000", "--log", "loud"], "event log 'loud' is unknown"),
+        (["dram", "--dpa", "0x2000", "--type", "9"], "event type 9 is not a known value"),
+        (["memory-module", "--life-used", "150"], "percentage"),
+    ],
+)
+def test_cli_rejects_malformed_injections(
+    fake_instance: str, options: list[str], message: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert run_cli("inject", "--instance", fake_instance, *options) == 2
+    assert re.search(message, caplog.text), caplog.text
+    assert "cannot talk" not in caplog.text  # nothing was sent
+
+
+def test_cli_names_the_running_instances_when_the_instance_is_not_running(
+    fake_instance: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert running_instances() == [fake_instance]
+    assert run_cli("inject", "--instance", "default-000000", "poison", "--dpa", "0") == 2
+    assert f"instance 'default-000000' is not running (running instances: {fake_instance})" in caplog.text
+
+
+def test_a_dead_instance_is_not_running(fake_instance: str, caplog: pytest.LogCaptureFixture) -> None:
+    (runtime_root() / fake_instance / "qemu.pid").write_text("999999999")
+    assert run_cli("inject", "--instance", fake_instance, "poison", "--dpa", "0") == 2
+    assert "is not running (running instances: none)" in caplog.text
+
+
+def test_cli_rejects_an_unknown_kind(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli("inject", "--instance", "x", "meteor-strike") == 2
+    assert "invalid choice: 'meteor-strike'" in capsys.readouterr().err
+
+
+def test_cli_rejects_a_malformed_number(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli("inject", "--instance", "x", "poison", "--dpa", "0x1g") == 2
+    assert "'0x1g' is not a number" in capsys.readouterr().err
+
+
+# -- a real QEMU, paused (no guest): every kind is accepted, QEMU's refusals surface ----
+
+
+@pytest.fixture
+def paused_qemu(tmp_path: Path) -> Iterator[str]:
+    """QEMU 10 with one 256 MiB CXL Type-3 device, never started (-S), registered as
+    a running instance; the platform's own device options and two QMP sockets."""
+    name = f"paused-{os.getpid()}"
+    rundir = runtime_root() / name
+    rundir.mkdir(mode=0o700)
+    qemu = check_qemu()
+    argv = [
+        qemu.binary, "-M", "q35,cxl=on", "-accel", "tcg", "-S", "-m", "512M,maxmem=2G,slots=4",
+        "-display", "none", "-monitor", "none", "-nodefaults",
+        "-object", f"memory-backend-file,id=cxl-mem0,share=on,mem-path={rundir}/cxl0.raw,size=256M",
+        "-device", "pxb-cxl,bus_nr=12,bus=pcie.0,id=cxl.0",
+        "-device", "cxl-rp,port=0,bus=cxl.0,id=cxl-rp0,chassis=0,slot=2",
+        "-device", "cxl-type3,bus=cxl-rp0,volatile-memdev=cxl-mem0,id=cxl-vmem0,x-pcie-err-unc-mask=off",
+        "-M", "cxl-fmw.0.targets.0=cxl.0,cxl-fmw.0.size=4G",
+        "-qmp", f"unix:{rundir}/qmp.sock,server=on,wait=off",
+        "-qmp", f"unix:{rundir}/inject.sock,server=on,wait=off",
+    ]
+    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        (rundir / "owner.pid").write_text(str(os.getpid()))
+        (rundir / "qemu.pid").write_text(str(process.pid))
+        (rundir / "instance.json").write_text(json.dumps({
+            "name": name, "inject_socket": str(rundir / "inject.sock"),
+            "devices": [{"index": 0, "size_bytes": 256 << 20}],
+        }))
+        deadline = time.monotonic() + 30
+        while not (rundir / "inject.sock").exists():
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            assert time.monotonic() < deadline, "QEMU did not create its QMP sockets"
+            time.sleep(0.05)
+        yield name
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        shutil.rmtree(rundir)
+
+
+def test_every_kind_is_accepted_by_qemu_10(paused_qemu: str) -> None:
+    instance = RunningInstance.find(paused_qemu)
+    for injection in (
+        Poison(dpa=(256 << 20) - 128, length=128),
+        Uncorrectable(errors=(UncorrectableError(error_type="mem-data-ecc", header=(1, 2, 3)),
+                              UncorrectableError(error_type="internal"))),
+        Correctable(error_type="mem-data-ecc"),
+        GeneralMediaEvent(dpa=0x2000, channel=1, rank=2, device_mask=3, component_id="c"),
+        DramEvent(dpa=0x3000, nibble_mask=1, bank_group=2, bank=3, row=4, column=5,
+                  correction_mask=(6, 7)),
+        MemoryModuleEvent(event_type="temperature-change", temperature=90, additional_status=0x4),
+    ):
+        record = inject(instance, injection)
+        assert record.instance == paused_qemu and record.command == injection.command
+
+
+def test_qemus_own_refusal_is_a_clear_error(paused_qemu: str) -> None:
+    inject(paused_qemu, Poison(dpa=0x1000, length=128))
+    with pytest.raises(ConfigError, match=r"QEMU refused cxl-inject-poison.*Overlap.*must not overlap"):
+        inject(paused_qemu, Poison(dpa=0x1040))
+
+
+def test_cli_injects_into_an_instance_by_name(
+    paused_qemu: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_cli("inject", "--instance", paused_qemu, "poison", "--dpa", "0x1000", "--length", "64") == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["arguments"] == {"path": "/machine/peripheral/cxl-vmem0", "start": 0x1000, "length": 64}
+
+
+# -- real guests: each kind's effect seen from inside ------------------------------------
+
+TRACE = "/sys/kernel/tracing"
+
+
+def _enable_cxl_tracing(platform: Platform) -> None:
+    platform.guest().run(
+        ["sh", "-c", f"mountpoint -q {TRACE} || mount -t tracefs nodev {TRACE}; "
+         f"echo 1 > {TRACE}/events/cxl/enable"],
+        check=True,
+    )
+
+
+def _wait_for_trace(platform: Platform, pattern: str, timeout_s: float = 90) -> str:
+    """The first line of the guest's trace buffer matching ``pattern``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _, out, _ = platform.guest().run(["cat", f"{TRACE}/trace"], check=True)
+        for line in out.decode(errors="replace").splitlines():
+            if re.search(pattern, line):
+                return line
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no trace line matches {pattern!r}; trace:\n{out.decode()[-3000:]}")
+        time.sleep(1)
+
+
+def _fields(line: str) -> dict[str, str]:
+    return dict(re.findall(r"(\w+)=('[^']*'|\S+)", line))
+
+
+@pytest.mark.guest
+def test_poison_shows_in_the_poison_list_with_dpa_and_hpa(default_platform: Platform) -> None:
+    device = default_platform.devices[0]
+    _enable_cxl_tracing(default_platform)
+    dpa, length = 0x10000, 128
+    record = inject(default_platform, Poison(dpa=dpa, length=length))
+    assert record.hpa == device.hpa_base + dpa
+    default_platform.guest().run(
+        ["sh", "-c", f"echo 1 > /sys/bus/cxl/devices/{device.memdev}/trigger_poison_list"], check=True
+    )
+    line = _wait_for_trace(default_platform, rf"cxl_poison: .*dpa={dpa:#x} dpa_length={length:#x}")
+    fields = _fields(line)
+    assert fields["memdev"] == device.memdev and fields["region"] == device.region
+    assert int(fields["hpa"], 16) == device.hpa_base + dpa
+    assert fields["trace_type"] == "List"
+
+
+@pytest.mark.guest
+def test_general_media_event_arrives_as_a_trace_event(default_platform: Platform) -> None:
+    device = default_platform.devices[0]
+    _enable_cxl_tracing(default_platform)
+    dpa = 0x21000
+    inject(default_platform, GeneralMediaEvent(dpa=dpa, event_type="invalid-address",
+                                               transaction_type="host-write", channel=3, rank=1))
+    line = _wait_for_trace(default_platform, rf"cxl_general_media: .* dpa={dpa:x} ")
+    fields = _fields(line)
+    assert fields["log"] == "Failure" and fields["type"] == "'Invalid Address'"
+    assert fields["transaction_type"] == "'Host Write'" and fields["descriptor"] == "'UNCORRECTABLE_EVENT'"
+    assert fields["dpa_flags"] == "'VOLATILE'" and fields["channel"] == "3" and fields["rank"] == "1"
+    assert int(fields["hpa"], 16) == device.hpa_base + dpa and fields["region"] == device.region
+
+
+@pytest.mark.guest
+def test_dram_event_arrives_as_a_trace_event(default_platform: Platform) -> None:
+    device = default_platform.devices[0]
+    _enable_cxl_tracing(default_platform)
+    dpa = 0x22000
+    inject(default_platform, DramEvent(dpa=dpa, log="warning", event_type="scrub-media-ecc-error",
+                                       descriptor=2, bank=2, row=77, column=9))
+    line = _wait_for_trace(default_platform, rf"cxl_dram: .* dpa={dpa:x} ")
+    fields = _fields(line)
+    assert fields["log"] == "Warning" and fields["type"] == "'Scrub Media ECC Error'"
+    assert fields["descriptor"] == "'THRESHOLD_EVENT'"
+    assert (fields["bank"], fields["row"], fields["column"]) == ("2", "77", "9")
+    assert int(fields["hpa"], 16) == device.hpa_base + dpa
+
+
+@pytest.mark.guest
+def test_memory_module_event_arrives_as_a_trace_event(default_platform: Platform) -> None:
+    _enable_cxl_tracing(default_platform)
+    inject(default_platform, MemoryModuleEvent(
+        event_type="temperature-change", health_status=1, additional_status=0x4,
+        life_used=33, temperature=87, dirty_shutdown_count=2, corrected_volatile_error_count=5,
+    ))
+    line = _wait_for_trace(default_platform, r"cxl_memory_module: .* device_temp=87 ")
+    fields = _fields(line)
+    assert fields["event_type"] == "'Temperature Change'"
+    assert fields["health_status"] == "'MAINTENANCE_NEEDED'" and fields["as_dev_temp"] == "Warning"
+    assert (fields["life_used"], fields["dirty_shutdown_cnt"], fields["cor_vol_err_cnt"]) == ("33", "2", "5")
+
+
+@pytest.mark.guest
+def test_correctable_error_is_seen_once_unmasked(default_platform: Platform) -> None:
+    """PCIe masks Corrected Internal Errors by default and Linux keeps them masked
+    for endpoints: QEMU then records the error but the guest hears nothing.
+    Unmasked, it arrives through AER as a cxl_aer_correctable_error trace event."""
+    guest = default_platform.guest()
+    memdev = default_platform.devices[0].memdev
+    _enable_cxl_tracing(default_platform)
+    pci = unmask_corrected_internal_errors(guest, memdev)
+    assert re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d", pci)
+    inject(default_platform, Correctable(error_type="cache-data-ecc"))
+    line = _wait_for_trace(default_platform, r"cxl_aer_correctable_error: .*'Cache Data ECC Error'")
+    assert f"memdev={memdev}" in line
+    _, dmesg, _ = guest.run(["dmesg"], check=True)
+    assert "CorrIntErr" in dmesg.decode()
+
+
+@pytest.mark.guest
+def test_cli_injects_into_the_running_shared_guest_by_name(
+    default_platform: Platform, cli: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
+    _enable_cxl_tracing(default_platform)
+    dpa = 0x23000
+    done = cli("inject", "--instance", default_platform.name, "general-media", "--dpa", hex(dpa),
+               "--type", "data-path-error", "--log", "warning", timeout=120)
+    assert done.returncode == 0, done.stderr
+    record: dict[str, Any] = json.loads(done.stdout)
+    assert record["hpa"] == default_platform.devices[0].hpa_base + dpa
+    line = _wait_for_trace(default_platform, rf"cxl_general_media: .* dpa={dpa:x} ")
+    assert "log=Warning" in line and "type='Data Path Error'" in line
+    # A malformed injection is refused and leaves the guest unharmed.
+    bad = cli("inject", "--instance", default_platform.name, "poison", "--dpa", "0x40000000", timeout=120)
+    assert bad.returncode == 2 and "outside device 0" in bad.stderr
+    assert default_platform.guest().run(["true"])[0] == 0
+
+
+@pytest.mark.guest
+def test_uncorrectable_error_is_logged_by_aer_and_takes_the_region_down() -> None:
+    """Last in the module, on a guest of its own: the fatal AER error resets the link,
+    and the guest then loses the device's decoders and region (its memory stays
+    onlined but is no longer backed), so no other test may use this guest."""
+    with Platform(load_config()) as platform:
+        guest = platform.guest()
+        _enable_cxl_tracing(platform)
+        memdev = platform.devices[0].memdev
+        inject(platform, Uncorrectable(errors=(
+            UncorrectableError(error_type="mem-data-ecc", header=(1, 2, 3, 4)),
+        )))
+        line = _wait_for_trace(platform, r"cxl_aer_uncorrectable_error: ")
+        assert f"memdev={memdev}" in line and "first_error: 'Memory Data ECC Error'" in line
+        _, dmesg, _ = guest.run(["dmesg"], check=True)
+        text = dmesg.decode()
+        assert "Uncorrectable (Fatal) error message received" in text
+        assert "frozen state error detected, disable CXL.mem" in text
+        assert "link has been reset" in text
+        status, out, _ = guest.run(["cat", f"/sys/bus/cxl/devices/{platform.devices[0].region}/commit"])
+        assert status != 0 or out.strip() == b"0"  # the region is no longer committed
+        assert guest.run(["true"])[0] == 0  # SSH still works; the platform shuts down cleanly
