@@ -1,12 +1,13 @@
 """Read the TCG plugin's live counters, and publish CXL windows to it.
 
 The plugin (``shm=PATH``) keeps its counters in a small file of fixed layout
-(``cxlssd_plugin.c`` and docs/plugin.md): a 64-byte header, a table of 8
-window slots, then one 64-byte slot per vCPU. This module maps that file and
+(``cxlssd_plugin.c`` and docs/plugin.md): a 128-byte header, a table of 8
+64-byte window slots, then one 128-byte slot per vCPU (instructions, accesses,
+the LLC model's hits/misses/write-backs split DRAM vs CXL, device requests). This module maps that file and
 reads it with numpy while the guest runs::
 
     with PluginCounters(rundir / "plugin.counters") as counters:
-        counters.publish_window(device.hpa_base, device.size_bytes)
+        counters.publish_window(device.hpa_base, device.size_bytes, device.dpa_base)
         before = counters.snapshot()
         ...  # run something in the guest
         delta = counters.snapshot() - before
@@ -19,7 +20,6 @@ keeps running while it is taken).
 from __future__ import annotations
 
 import mmap
-import os
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -28,11 +28,13 @@ from types import TracebackType
 import numpy as np
 
 from cxlssd.errors import InputError
+from cxlssd.platform.plugin.shared_file import map_when_ready
 
 MAGIC = int.from_bytes(b"CXLSSDPC", "little")
-LAYOUT_VERSION = 1
-HEADER_BYTES = 64
+LAYOUT_VERSION = 2
+HEADER_BYTES = 128
 SLOT_BYTES = 64
+VCPU_SLOT_BYTES = 128
 LINE_BYTES = 64
 STATE_RUNNING, STATE_EXITED = 1, 2
 WINDOW_REJECTED, WINDOW_ACCEPTED = 1, 2
@@ -50,22 +52,54 @@ _HEADER = {
     "state": (36, np.uint32),
     "file_bytes": (40, np.uint64),
     "qemu_pid": (48, np.uint64),
+    "vcpu_slot_bytes": (56, np.uint32),
+    "llc_ways": (60, np.uint32),
+    "llc_bytes": (64, np.uint64),
+    "insn_ps": (72, np.uint64),
 }
 # Fields of a window slot and of a vCPU slot, in order, each a u64.
-WINDOW_FIELDS = ("base", "size", "loads", "stores", "lines_touched", "flags")
-VCPU_FIELDS = ("insns", "mem_accesses", "io_accesses", "cxl_loads", "cxl_stores")
+WINDOW_FIELDS = ("base", "size", "loads", "stores", "lines_touched", "flags", "dpa_base")
+VCPU_FIELDS = (
+    "insns",
+    "mem_accesses",
+    "io_accesses",
+    "cxl_loads",
+    "cxl_stores",
+    "llc_hits_dram",
+    "llc_hits_cxl",
+    "llc_misses_dram",
+    "llc_misses_cxl",
+    "writebacks_dram",
+    "writebacks_cxl",
+    "device_reads",
+    "device_writes",
+    "device_dropped",
+)
 _U64_PER_SLOT = SLOT_BYTES // 8
+_U64_PER_VCPU = VCPU_SLOT_BYTES // 8
 
 
 @dataclass(frozen=True)
 class VcpuCounters:
-    """One vCPU's counters (instructions, and its loads/stores by target)."""
+    """One vCPU's counters: instructions, its loads/stores by target, what the
+    LLC model made of them (hits, misses, dirty write-backs; DRAM vs CXL
+    window) and the device requests it turned into (dropped: not queued
+    because no consumer was attached or it was given up on)."""
 
     insns: int
     mem_accesses: int
     io_accesses: int
     cxl_loads: int
     cxl_stores: int
+    llc_hits_dram: int = 0
+    llc_hits_cxl: int = 0
+    llc_misses_dram: int = 0
+    llc_misses_cxl: int = 0
+    writebacks_dram: int = 0
+    writebacks_cxl: int = 0
+    device_reads: int = 0
+    device_writes: int = 0
+    device_dropped: int = 0
 
     def __sub__(self, other: VcpuCounters) -> VcpuCounters:
         return VcpuCounters(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(self)))
@@ -82,6 +116,7 @@ class WindowCounters:
     lines_touched: int
     accepted: bool
     rejected: bool
+    dpa_base: int = 0
 
     def __sub__(self, other: WindowCounters) -> WindowCounters:
         return WindowCounters(
@@ -92,6 +127,7 @@ class WindowCounters:
             self.lines_touched - other.lines_touched,
             self.accepted,
             self.rejected,
+            self.dpa_base,
         )
 
 
@@ -119,6 +155,12 @@ class CounterSnapshot:
     def cxl_stores(self) -> int:
         return sum(v.cxl_stores for v in self.vcpus)
 
+    def total(self, name: str) -> int:
+        """A vCPU counter (one of :data:`VCPU_FIELDS`) summed over the vCPUs."""
+        if name not in VCPU_FIELDS:
+            raise KeyError(name)
+        return sum(getattr(v, name) for v in self.vcpus)
+
     def __sub__(self, earlier: CounterSnapshot) -> CounterSnapshot:
         """Counts between ``earlier`` and this snapshot (windows published since count from 0)."""
         windows = list(self.windows)
@@ -142,6 +184,9 @@ class PluginCounters:
         self._u64: np.ndarray | None = None
         self.vcpu_slots = 0
         self.window_slots = 0
+        self.llc_bytes = 0
+        self.llc_ways = 0
+        self.insn_ps = 0
         self._window_u64 = 0
         self._vcpu_u64 = 0
 
@@ -161,29 +206,9 @@ class PluginCounters:
         """Map the file, waiting up to ``timeout_s`` for the plugin to create and
         initialise it. An :class:`InputError` if it never appears or is not a
         counters file of this layout version."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
-            except FileNotFoundError:
-                fd = -1
-            if fd >= 0:
-                try:
-                    size = os.fstat(fd).st_size
-                    if size >= HEADER_BYTES:
-                        mapped = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-                        if int(np.frombuffer(mapped, np.uint64, 1, 0)[0]) == MAGIC:
-                            self._attach(mapped)
-                            return
-                        mapped.close()
-                finally:
-                    os.close(fd)
-            if time.monotonic() >= deadline:
-                raise InputError(
-                    f"{self.path} is not a ready cxlssd plugin counters file after {timeout_s:.0f} s "
-                    "(is QEMU running with -plugin libcxlssd.so,shm=PATH?)"
-                )
-            time.sleep(0.05)
+        self._attach(
+            map_when_ready(self.path, HEADER_BYTES, MAGIC, timeout_s, "cxlssd plugin counters file", "shm")
+        )
 
     def _attach(self, mapped: mmap.mmap) -> None:
         u32 = np.frombuffer(mapped, np.uint32)
@@ -197,6 +222,8 @@ class PluginCounters:
             problem = "header does not match the file size"
         elif header["window_offset"] % SLOT_BYTES or header["vcpu_offset"] % SLOT_BYTES:
             problem = "misaligned tables"
+        elif header["vcpu_slot_bytes"] != VCPU_SLOT_BYTES:
+            problem = f"vCPU slots of {header['vcpu_slot_bytes']} bytes"
         if problem is not None:
             del u32
             mapped.close()
@@ -206,6 +233,9 @@ class PluginCounters:
         self._u64 = np.frombuffer(mapped, np.uint64)
         self.vcpu_slots = header["vcpu_slots"]
         self.window_slots = header["window_slots"]
+        self.llc_bytes = header["llc_bytes"]
+        self.llc_ways = header["llc_ways"]
+        self.insn_ps = header["insn_ps"]
         self._window_u64 = header["window_offset"] // 8
         self._vcpu_u64 = header["vcpu_offset"] // 8
 
@@ -233,9 +263,9 @@ class PluginCounters:
         n_windows = min(int(u32[_HEADER["n_windows"][0] // 4]), self.window_slots)
         exited = int(u32[_HEADER["state"][0] // 4]) == STATE_EXITED
         vcpu_rows = (
-            u64[self._vcpu_u64 : self._vcpu_u64 + self.vcpu_slots * _U64_PER_SLOT]
+            u64[self._vcpu_u64 : self._vcpu_u64 + self.vcpu_slots * _U64_PER_VCPU]
             .copy()
-            .reshape(self.vcpu_slots, _U64_PER_SLOT)
+            .reshape(self.vcpu_slots, _U64_PER_VCPU)
         )
         window_rows = (
             u64[self._window_u64 : self._window_u64 + n_windows * _U64_PER_SLOT]
@@ -252,20 +282,25 @@ class PluginCounters:
                 lines_touched=int(row[4]),
                 accepted=bool(int(row[5]) & WINDOW_ACCEPTED),
                 rejected=bool(int(row[5]) & WINDOW_REJECTED),
+                dpa_base=int(row[6]),
             )
             for row in window_rows
         )
         return CounterSnapshot(vcpus, windows, exited)
 
-    def publish_window(self, base: int, size: int, wait_s: float = 10.0) -> int:
+    def publish_window(self, base: int, size: int, dpa_base: int = 0, wait_s: float = 10.0) -> int:
         """Tell the plugin that guest-physical ``[base, base + size)`` is a CXL
-        window and wait until it counts there; returns the window's index.
+        window whose first byte is device physical address ``dpa_base``, and
+        wait until it counts there; returns the window's index. Device requests
+        carry ``HPA - base + dpa_base``.
 
         The plugin picks the window up at the guest's next memory access (a
         running guest makes them constantly, timer interrupts included)."""
         u32, u64 = self._arrays()
         if size <= 0 or base < 0 or base % LINE_BYTES or size % LINE_BYTES:
             raise ValueError(f"window {base:#x}+{size:#x}: base and size must be positive multiples of 64")
+        if dpa_base < 0 or dpa_base % LINE_BYTES:
+            raise ValueError(f"window {base:#x}+{size:#x}: DPA base {dpa_base:#x} must be a multiple of 64")
         existing = self.snapshot().windows
         for window in existing:
             if window.base == base and window.size == size and not window.rejected:
@@ -278,6 +313,7 @@ class PluginCounters:
         slot = self._window_u64 + index * _U64_PER_SLOT
         u64[slot] = base
         u64[slot + 1] = size
+        u64[slot + 6] = dpa_base
         # x86 stores are seen in program order: base and size before the new count.
         u32[_HEADER["n_windows"][0] // 4] = index + 1
         deadline = time.monotonic() + wait_s

@@ -1,77 +1,138 @@
 /*
- * cxlssd TCG plugin: sees every guest load/store with its guest-physical
- * address and counts the ones that reach a CXL device's memory window.
+ * cxlssd TCG plugin: the platform's "hardware fast path" (DESIGN.md decision 2).
  *
- * This is the first piece of the platform's "hardware fast path" (DESIGN.md
- * decision 2). For now it
+ * It sees every guest load/store with its guest-physical address and
  *   - counts guest instructions per vCPU (inline scoreboard adds, no callback);
- *   - calls back on every load/store, takes the physical address and counts
- *     per vCPU: all accesses, MMIO accesses, CXL loads and CXL stores; per CXL
- *     window: loads, stores and distinct 64-byte lines touched;
- *   - keeps the counters in a small shared-memory file (shm=PATH) that the
- *     platform reads while the guest runs, and into which the platform
- *     publishes the CXL windows once the guest has committed its regions;
+ *   - counts per vCPU all accesses, MMIO accesses, CXL loads and CXL stores;
+ *     per CXL window loads, stores and distinct 64-byte lines touched;
+ *   - runs every cacheable access (RAM and the CXL windows; other MMIO is
+ *     uncached) through a shared last-level cache model: set-associative,
+ *     64-byte lines, true LRU, write-back, write-allocate; counts per vCPU its
+ *     hits, misses and dirty write-backs, split DRAM / CXL;
+ *   - turns LLC misses (a read of the line, also for store misses: write-allocate)
+ *     and dirty write-backs whose line lies in a CXL window into device requests
+ *     and writes them into a single-producer/single-consumer ring in a second
+ *     shared-memory file (ring=PATH), which the Python firmware drains;
+ *   - keeps the counters in a shared-memory file (shm=PATH) that the platform
+ *     reads while the guest runs, and into which it publishes the CXL windows
+ *     (with their DPA base) once the guest has committed its regions;
  *   - writes the counters as JSON at exit (out=PATH).
  *
  * Arguments (QEMU: -plugin libcxlssd.so,ARG=VALUE,...):
  *   out=PATH            JSON counters written at exit (atomically: PATH.tmp, rename)
  *   shm=PATH            shared counters file, created (must not exist), layout below
- *   window=BASE:SIZE    a CXL window known at start (repeatable, up to 8);
- *                       BASE and SIZE in C notation (0x.. or decimal),
- *                       64-byte aligned, non-overlapping
- * Any other argument, a malformed value or a repeated out/shm makes loading
- * fail with a message on stderr (QEMU then refuses to start).
+ *   window=BASE:SIZE[:DPA]  a CXL window known at start (repeatable, up to 8);
+ *                       C notation (0x.. or decimal), 64-byte aligned, non-overlapping;
+ *                       DPA = device physical address of BASE (default 0)
+ *   llc=BYTES           LLC size (default 2 MiB; 0 = no LLC: every access misses)
+ *   llc_ways=N          LLC associativity (default 16); BYTES / (64 N) must be a power of 2
+ *   ring=PATH           device-request ring file, created (must not exist), layout below
+ *   ring_records=N      ring capacity in records, a power of 2 (default 65536)
+ *   ring_timeout_ms=N   how long a full ring may stall the guest before the
+ *                       plugin gives up on the consumer (default 5000)
+ *   insn_ps=N           picoseconds per guest instruction for request times
+ *                       (default 333: 3 GHz at CPI 1; provisional, see docs/plugin.md)
+ * Any other argument, a malformed value or a repeated key makes loading fail
+ * with a message on stderr (QEMU then refuses to start).
  *
- * Shared counters layout (all little-endian, fixed offsets; docs/plugin.md):
- *   header, 64 bytes at offset 0:
+ * Shared counters layout, version 2 (all little-endian, fixed offsets; docs/plugin.md):
+ *   header, 128 bytes at offset 0:
  *     0  u64 magic "CXLSSDPC" (written last: the file is ready when it is there)
- *     8  u32 layout version (1)         12 u32 header bytes (64)
+ *     8  u32 layout version (2)         12 u32 header bytes (128)
  *    16  u32 vCPU slots                 20 u32 window slots (8)
  *    24  u32 offset of the window table 28 u32 offset of the vCPU table
  *    32  u32 published windows (n)      36 u32 state: 1 running, 2 exited
- *    40  u64 file bytes                 48 u64 QEMU pid     56 u64 reserved
+ *    40  u64 file bytes                 48 u64 QEMU pid
+ *    56  u32 vCPU slot bytes (128)      60 u32 LLC ways
+ *    64  u64 LLC bytes                  72 u64 ps per instruction
+ *    80.. reserved
  *   window slot i, 64 bytes at window_offset + 64 i:
  *     0 base  8 size  16 loads  24 stores  32 lines touched
  *     40 flags: 0 published, 2 accepted (counting), 1 rejected (message on stderr)
- *   vCPU slot i, 64 bytes at vcpu_offset + 64 i:
+ *     48 DPA of base
+ *   vCPU slot i, 128 bytes at vcpu_offset + 128 i (u64 each):
  *     0 instructions  8 memory accesses  16 MMIO accesses  24 CXL loads  32 CXL stores
- * A publisher (the platform) fills slot n's base and size, THEN stores n + 1
- * into the published count; the plugin picks new windows up on the next
+ *     40 LLC hits DRAM  48 LLC hits CXL  56 LLC misses DRAM  64 LLC misses CXL
+ *     72 write-backs DRAM  80 write-backs CXL
+ *     88 device reads  96 device writes  104 device requests dropped
+ * A publisher (the platform) fills slot n's base, size and DPA, THEN stores
+ * n + 1 into the published count; the plugin picks new windows up on the next
  * access. Every counter is monotonic and written with single aligned 64-bit
  * stores, so a reader never sees a torn value (but a snapshot of several
  * counters is not atomic). The instruction count of a vCPU is refreshed on
  * each of its memory accesses, when it goes idle and at exit.
+ *
+ * Ring layout, version 1 (ring=PATH; cxlssd/platform/plugin/ring.py reads it):
+ *     0 u64 magic "CXLSSDRQ" (written last)   8 u32 version (1)  12 u32 header bytes (256)
+ *    16 u32 record bytes (24)   20 u32 capacity (records, power of 2)
+ *    24 u64 file bytes          32 u64 QEMU pid   40 u64 ps per instruction
+ *    48 u64 timeout ns          56 u32 producer state: 1 running, 2 exited,
+ *                                  3 consumer gone, 4 consumer stalled (timeout)
+ *    64 u64 head (records ever published)  72 u64 dropped  80 u64 full waits
+ *    88 u64 ns spent waiting on a full ring               (producer's cache line)
+ *   128 u64 tail (records ever consumed)  136 u32 consumer state: 0 none,
+ *       1 attached, 2 detached   144 u64 consumer pid     (consumer's cache line)
+ *   256 records: capacity x 24 bytes, record k at 256 + 24 (k mod capacity):
+ *       u64 time_ns, u64 DPA, u16 vcpu, u16 size (64), u8 op (0 read, 1 write),
+ *       u8 flags (0), u16 reserved (0)  == cxlssd.firmware.request.REQUEST_DTYPE
+ * The producer writes a record, then stores head + 1 (release); the consumer
+ * reads records [tail, head), then stores the new tail (release). Requests are
+ * only queued while a consumer is attached; otherwise they are counted as
+ * dropped. A full ring stalls the guest (spin, then short sleeps) until the
+ * consumer frees space; if the consumer's process is gone or it detaches the
+ * plugin stops at once, and after ring_timeout_ms without progress it gives
+ * up; either way it sets the producer state (3 or 4), drops that request and
+ * every later one (counted) and never waits again.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "qemu_plugin_api.h"
 
 CXLSSD_PLUGIN_EXPORT int qemu_plugin_version = CXLSSD_QEMU_PLUGIN_API_VERSION;
 
-#define MAGIC 0x43504453534c5843ULL /* "CXLSSDPC" read as little-endian bytes */
-#define LAYOUT_VERSION 1u
+#define MAGIC 0x43504453534c5843ULL      /* "CXLSSDPC" read as little-endian bytes */
+#define RING_MAGIC 0x51524453534c5843ULL /* "CXLSSDRQ" */
+#define LAYOUT_VERSION 2u
+#define RING_VERSION 1u
 #define MAX_WINDOWS 8u
 #define SLOT_BYTES 64u
-#define HEADER_BYTES 64u
+#define VCPU_SLOT_BYTES 128u
+#define HEADER_BYTES 128u
+#define RING_HEADER_BYTES 256u
 #define WINDOW_OFFSET HEADER_BYTES
 #define VCPU_OFFSET (WINDOW_OFFSET + MAX_WINDOWS * SLOT_BYTES)
 #define LINE_SHIFT 6 /* 64-byte lines */
+#define LINE_BYTES (1u << LINE_SHIFT)
 /* A window's line bitmap costs size/512 bytes of plugin memory (2 MiB per GiB). */
 #define MAX_WINDOW_BYTES (1ULL << 40)
 #define STATE_RUNNING 1u
 #define STATE_EXITED 2u
+#define RING_CONSUMER_GONE 3u
+#define RING_CONSUMER_STALLED 4u
+#define CONSUMER_ATTACHED 1u
 #define WINDOW_REJECTED 1u
 #define WINDOW_ACCEPTED 2u
+#define OP_READ 0u
+#define OP_WRITE 1u
+
+#define DEFAULT_LLC_BYTES (2ULL << 20)
+#define DEFAULT_LLC_WAYS 16u
+#define MAX_LLC_WAYS 64u
+#define DEFAULT_RING_RECORDS 65536ULL
+#define DEFAULT_RING_TIMEOUT_MS 5000ULL
+#define DEFAULT_INSN_PS 333ULL
 
 struct header {
     uint64_t magic;
@@ -79,26 +140,58 @@ struct header {
     uint32_t vcpu_slots, window_slots;
     uint32_t window_offset, vcpu_offset;
     uint32_t n_windows, state;
-    uint64_t file_bytes, qemu_pid, reserved;
+    uint64_t file_bytes, qemu_pid;
+    uint32_t vcpu_slot_bytes, llc_ways;
+    uint64_t llc_bytes, insn_ps;
+    uint64_t reserved[6];
 };
 
 struct window_slot {
-    uint64_t base, size, loads, stores, lines_touched, flags, reserved[2];
+    uint64_t base, size, loads, stores, lines_touched, flags, dpa_base, reserved;
 };
 
-/* One cache line per vCPU: each is written only by its own vCPU thread, so
- * the counters need no atomic read-modify-write and vCPUs share no lines. */
+/* One pair of cache lines per vCPU: each is written only by its own vCPU
+ * thread, so the counters need no atomic read-modify-write. */
 struct vcpu_slot {
-    uint64_t insns, mem_accesses, io_accesses, cxl_loads, cxl_stores, reserved[3];
+    uint64_t insns, mem_accesses, io_accesses, cxl_loads, cxl_stores;
+    uint64_t llc_hits[2], llc_misses[2], writebacks[2]; /* [0] DRAM, [1] CXL */
+    uint64_t dev_reads, dev_writes, dev_dropped;
+    uint64_t reserved[2];
+};
+
+struct ring_header {
+    uint64_t magic;
+    uint32_t version, header_bytes;
+    uint32_t record_bytes, capacity;
+    uint64_t file_bytes, qemu_pid, insn_ps, timeout_ns;
+    uint32_t producer_state, reserved0;
+    /* producer's cache line */
+    uint64_t head, dropped, full_waits, wait_ns, reserved1[4];
+    /* consumer's cache line */
+    uint64_t tail;
+    uint32_t consumer_state, reserved2;
+    uint64_t consumer_pid, reserved3[5];
+    uint64_t reserved4[8];
+};
+
+struct request {
+    uint64_t time_ns, addr;
+    uint16_t vcpu, size;
+    uint8_t op, flags;
+    uint16_t reserved;
 };
 
 _Static_assert(sizeof(struct header) == HEADER_BYTES, "header layout");
 _Static_assert(sizeof(struct window_slot) == SLOT_BYTES, "window slot layout");
-_Static_assert(sizeof(struct vcpu_slot) == SLOT_BYTES, "vCPU slot layout");
+_Static_assert(sizeof(struct vcpu_slot) == VCPU_SLOT_BYTES, "vCPU slot layout");
+_Static_assert(sizeof(struct ring_header) == RING_HEADER_BYTES, "ring header layout");
+_Static_assert(offsetof(struct ring_header, head) == 64, "ring head offset");
+_Static_assert(offsetof(struct ring_header, tail) == 128, "ring tail offset");
+_Static_assert(sizeof(struct request) == 24, "request record = REQUEST_DTYPE");
 
 /* The plugin's private copy of a window, read on the hot path. */
 struct window {
-    uint64_t base, size;
+    uint64_t base, size, dpa_base;
     uint64_t *lines; /* bitmap of touched lines, NULL if the window was rejected */
     struct window_slot *slot;
 };
@@ -120,6 +213,23 @@ static struct {
     uint64_t lo, span;
     pthread_mutex_t lock;
 
+    /* LLC: sets x ways entries, each set ordered most- to least-recently
+     * used; an entry is ((line + 1) << 1) | dirty, 0 = invalid. */
+    uint64_t *llc;
+    uint64_t llc_bytes, llc_set_mask;
+    uint32_t llc_ways;
+    /* More than one vCPU thread (MTTCG): the LLC and the ring producer are
+     * shared, so they go under one spinlock. A single vCPU never takes it. */
+    int shared;
+    int busy;
+
+    /* Device-request ring (NULL without ring=). */
+    struct ring_header *ring;
+    struct request *records;
+    uint64_t ring_mask, ring_head; /* private copy of head (single producer) */
+    uint64_t timeout_ns, insn_ps;
+    int ring_given_up;
+
     struct qemu_plugin_scoreboard *insn_board;
     qemu_plugin_u64 insns;
     const char *out_path;
@@ -127,6 +237,7 @@ static struct {
 
 #define LOAD_RELAXED(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 #define STORE_RELAXED(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+#define BUMP(p) STORE_RELAXED((p), *(p) + 1)
 
 /* ---- windows ------------------------------------------------------------- */
 
@@ -135,7 +246,7 @@ static const char *window_problem(uint64_t base, uint64_t size, uint32_t upto)
     if (size == 0) {
         return "size is 0";
     }
-    if ((base | size) & ((1u << LINE_SHIFT) - 1)) {
+    if ((base | size) & (LINE_BYTES - 1)) {
         return "base and size must be multiples of 64";
     }
     if (size > MAX_WINDOW_BYTES || base + size < base) {
@@ -181,6 +292,7 @@ static void adopt_windows(uint32_t published)
         }
         w->base = base;
         w->size = size;
+        w->dpa_base = LOAD_RELAXED(&slot->dpa_base);
         STORE_RELAXED(&slot->flags, WINDOW_ACCEPTED);
     }
     /* Recompute the bounding range over the accepted windows. */
@@ -197,6 +309,21 @@ static void adopt_windows(uint32_t published)
     }
     __atomic_store_n(&P.n_known, published, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&P.lock);
+}
+
+/* The window holding physical address pa, or NULL (DRAM, other MMIO). */
+static inline struct window *find_window(uint64_t pa, uint32_t known)
+{
+    if (pa - LOAD_RELAXED(&P.lo) >= LOAD_RELAXED(&P.span)) {
+        return NULL;
+    }
+    for (uint32_t i = 0; i < known; i++) {
+        struct window *w = &P.windows[i];
+        if (pa - w->base < w->size) {
+            return w;
+        }
+    }
+    return NULL;
 }
 
 static void touch_lines(struct window *w, uint64_t offset, unsigned int bytes)
@@ -217,12 +344,156 @@ static void touch_lines(struct window *w, uint64_t offset, unsigned int bytes)
     }
 }
 
+/* ---- device-request ring --------------------------------------------------- */
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+static void give_up(uint32_t why)
+{
+    static const char *const causes[] = {
+        [RING_CONSUMER_GONE] = "the firmware (ring consumer) is gone",
+        [RING_CONSUMER_STALLED] = "the firmware (ring consumer) made no progress within the timeout",
+    };
+    P.ring_given_up = 1;
+    __atomic_store_n(&P.ring->producer_state, why, __ATOMIC_RELEASE);
+    fprintf(stderr, "cxlssd plugin: %s; device requests are dropped from now on\n", causes[why]);
+}
+
+/* Wait until the ring has room for one record. Returns 0 when it does, or
+ * gives up on the consumer (never to wait again) and returns -1. */
+static int ring_wait(void)
+{
+    struct ring_header *r = P.ring;
+    uint64_t start = now_ns(), spins = 0;
+    __atomic_fetch_add(&r->full_waits, 1, __ATOMIC_RELAXED);
+    for (;;) {
+        if (P.ring_head - __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE) <= P.ring_mask) {
+            __atomic_fetch_add(&r->wait_ns, now_ns() - start, __ATOMIC_RELAXED);
+            return 0;
+        }
+        spins++;
+        if (spins < 1024) {
+            __builtin_ia32_pause();
+            continue;
+        }
+        /* Two cores shared with the consumer: sleep rather than spin. */
+        struct timespec pause = {0, 20000};
+        nanosleep(&pause, NULL);
+        if ((spins & 63) == 0) {
+            uint64_t pid = LOAD_RELAXED(&r->consumer_pid);
+            if (LOAD_RELAXED(&r->consumer_state) != CONSUMER_ATTACHED ||
+                (pid != 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH)) {
+                give_up(RING_CONSUMER_GONE);
+                break;
+            }
+            if (now_ns() - start > P.timeout_ns) {
+                give_up(RING_CONSUMER_STALLED);
+                break;
+            }
+        }
+    }
+    __atomic_fetch_add(&r->wait_ns, now_ns() - start, __ATOMIC_RELAXED);
+    return -1;
+}
+
+static void device_request(unsigned int vcpu, struct vcpu_slot *s, const struct window *w, uint64_t line,
+                           uint8_t op)
+{
+    if (op == OP_READ) {
+        BUMP(&s->dev_reads);
+    } else {
+        BUMP(&s->dev_writes);
+    }
+    struct ring_header *r = P.ring;
+    if (r == NULL) {
+        return; /* counting only */
+    }
+    if (P.ring_given_up || LOAD_RELAXED(&r->consumer_state) != CONSUMER_ATTACHED ||
+        (P.ring_head - __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE) > P.ring_mask && ring_wait() != 0)) {
+        BUMP(&s->dev_dropped);
+        __atomic_fetch_add(&r->dropped, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    struct request *rec = &P.records[P.ring_head & P.ring_mask];
+    rec->time_ns = qemu_plugin_u64_get(P.insns, vcpu) * P.insn_ps / 1000u;
+    rec->addr = (line << LINE_SHIFT) - w->base + w->dpa_base;
+    rec->vcpu = (uint16_t)vcpu;
+    rec->size = LINE_BYTES;
+    rec->op = op;
+    rec->flags = 0;
+    rec->reserved = 0;
+    P.ring_head++;
+    __atomic_store_n(&r->head, P.ring_head, __ATOMIC_RELEASE);
+}
+
+/* ---- LLC ------------------------------------------------------------------- */
+
+/* One access to one line: LRU lookup, fill on a miss, write-back of a dirty
+ * victim. Caller holds the spinlock if vCPUs share the cache. */
+static void llc_access(unsigned int vcpu, struct vcpu_slot *s, uint64_t line, int store, struct window *w,
+                       uint32_t known)
+{
+    const uint64_t key = (line + 1) << 1;
+    const uint32_t ways = P.llc_ways;
+    uint64_t *set = P.llc + (line & P.llc_set_mask) * ways;
+    const int cxl = w != NULL;
+    if ((set[0] & ~1ULL) == key) { /* MRU hit: the common case, no reordering */
+        set[0] |= (uint64_t)store;
+        BUMP(&s->llc_hits[cxl]);
+        return;
+    }
+    for (uint32_t i = 1; i < ways; i++) {
+        uint64_t e = set[i];
+        if ((e & ~1ULL) == key) {
+            memmove(set + 1, set, i * sizeof *set);
+            set[0] = e | (uint64_t)store;
+            BUMP(&s->llc_hits[cxl]);
+            return;
+        }
+    }
+    /* Miss: the LRU way goes, everything shifts down one, the line enters at MRU. */
+    uint64_t victim = set[ways - 1];
+    memmove(set + 1, set, (ways - 1) * sizeof *set);
+    set[0] = key | (uint64_t)store;
+    BUMP(&s->llc_misses[cxl]);
+    if (w != NULL) {
+        device_request(vcpu, s, w, line, OP_READ); /* fill (read for ownership on a store) */
+    }
+    if (victim & 1) {
+        uint64_t vline = (victim >> 1) - 1;
+        struct window *vw = find_window(vline << LINE_SHIFT, known);
+        BUMP(&s->writebacks[vw != NULL]);
+        if (vw != NULL) {
+            device_request(vcpu, s, vw, vline, OP_WRITE);
+        }
+    }
+}
+
+static void llc_lock(void)
+{
+    while (__atomic_exchange_n(&P.busy, 1, __ATOMIC_ACQUIRE)) {
+        while (LOAD_RELAXED(&P.busy)) {
+            __builtin_ia32_pause();
+        }
+    }
+}
+
+static void llc_unlock(void)
+{
+    __atomic_store_n(&P.busy, 0, __ATOMIC_RELEASE);
+}
+
 /* ---- hot path ------------------------------------------------------------ */
 
-/* Runs after every guest load/store. Kept lean: RAM accesses (the vast
- * majority) cost the hwaddr lookup, a few counter stores and one range
- * compare. CXL accesses are MMIO in QEMU 10.0 and already cost ~0.5 us each in
- * QEMU, so their extra atomics here are noise. */
+/* Runs after every guest load/store. Kept lean: a RAM access costs the hwaddr
+ * lookup, a few counter stores, one range compare and (usually) one tag
+ * compare at the MRU way of its LLC set. CXL accesses are MMIO in QEMU 10.0
+ * and already cost ~0.5 us each in QEMU, so their extra work here is noise. */
 static void on_mem(unsigned int vcpu, qemu_plugin_meminfo_t info, uint64_t vaddr, void *userdata)
 {
     (void)userdata;
@@ -230,7 +501,7 @@ static void on_mem(unsigned int vcpu, qemu_plugin_meminfo_t info, uint64_t vaddr
         return;
     }
     struct vcpu_slot *s = &P.vslots[vcpu];
-    STORE_RELAXED(&s->mem_accesses, s->mem_accesses + 1);
+    BUMP(&s->mem_accesses);
     /* Keeps the live instruction count current for readers of the shm file:
      * the scoreboard (inline adds) lives in QEMU's memory, not in the file. */
     STORE_RELAXED(&s->insns, qemu_plugin_u64_get(P.insns, vcpu));
@@ -239,8 +510,9 @@ static void on_mem(unsigned int vcpu, qemu_plugin_meminfo_t info, uint64_t vaddr
     if (__builtin_expect(hw == NULL, 0)) {
         return;
     }
-    if (qemu_plugin_hwaddr_is_io(hw)) {
-        STORE_RELAXED(&s->io_accesses, s->io_accesses + 1);
+    const int io = qemu_plugin_hwaddr_is_io(hw);
+    if (io) {
+        BUMP(&s->io_accesses);
     }
 
     uint32_t published = LOAD_RELAXED(&P.hdr->n_windows);
@@ -249,25 +521,46 @@ static void on_mem(unsigned int vcpu, qemu_plugin_meminfo_t info, uint64_t vaddr
         adopt_windows(published);
         known = __atomic_load_n(&P.n_known, __ATOMIC_ACQUIRE);
     }
-    /* Not the CXL window(s): nothing else to do (no window known: span 0). */
-    uint64_t pa = qemu_plugin_hwaddr_phys_addr(hw);
-    if (pa - LOAD_RELAXED(&P.lo) >= LOAD_RELAXED(&P.span)) {
-        return;
-    }
-    for (uint32_t i = 0; i < known; i++) {
-        struct window *w = &P.windows[i];
-        uint64_t offset = pa - w->base;
-        if (offset < w->size) {
-            if (qemu_plugin_mem_is_store(info)) {
-                STORE_RELAXED(&s->cxl_stores, s->cxl_stores + 1);
-                __atomic_fetch_add(&w->slot->stores, 1, __ATOMIC_RELAXED);
-            } else {
-                STORE_RELAXED(&s->cxl_loads, s->cxl_loads + 1);
-                __atomic_fetch_add(&w->slot->loads, 1, __ATOMIC_RELAXED);
-            }
-            touch_lines(w, offset, 1u << qemu_plugin_mem_size_shift(info));
-            return;
+    const uint64_t pa = qemu_plugin_hwaddr_phys_addr(hw);
+    const int store = qemu_plugin_mem_is_store(info);
+    const unsigned int bytes = 1u << qemu_plugin_mem_size_shift(info);
+    struct window *w = find_window(pa, known);
+    if (w != NULL) {
+        if (store) {
+            BUMP(&s->cxl_stores);
+            __atomic_fetch_add(&w->slot->stores, 1, __ATOMIC_RELAXED);
+        } else {
+            BUMP(&s->cxl_loads);
+            __atomic_fetch_add(&w->slot->loads, 1, __ATOMIC_RELAXED);
         }
+        touch_lines(w, pa - w->base, bytes);
+    } else if (io) {
+        return; /* MMIO outside the CXL windows is uncached: no LLC */
+    }
+
+    /* An access spanning two lines touches both (taken as physically
+     * contiguous: a page-crossing access is split by QEMU's softmmu anyway). */
+    uint64_t line = pa >> LINE_SHIFT, last = (pa + bytes - 1) >> LINE_SHIFT;
+    if (P.shared) {
+        llc_lock();
+    }
+    if (P.llc != NULL) {
+        llc_access(vcpu, s, line, store, w, known);
+        if (__builtin_expect(last != line, 0)) {
+            llc_access(vcpu, s, last, store, find_window(last << LINE_SHIFT, known), known);
+        }
+    } else {
+        /* No LLC: every access is a miss, and a store is a posted write. */
+        for (uint64_t l = line; l <= last; l++) {
+            struct window *lw = l == line ? w : find_window(l << LINE_SHIFT, known);
+            BUMP(&s->llc_misses[lw != NULL]);
+            if (lw != NULL) {
+                device_request(vcpu, s, lw, l, store ? OP_WRITE : OP_READ);
+            }
+        }
+    }
+    if (P.shared) {
+        llc_unlock();
     }
 }
 
@@ -299,6 +592,23 @@ static void on_vcpu_idle(qemu_plugin_id_t id, unsigned int vcpu)
     refresh_insns(vcpu);
 }
 
+#define N_VCPU_COUNTERS 14
+static const char *const vcpu_counter_names[N_VCPU_COUNTERS] = {
+    "insns",          "mem_accesses",    "io_accesses",    "cxl_loads",       "cxl_stores",
+    "llc_hits_dram",  "llc_hits_cxl",    "llc_misses_dram", "llc_misses_cxl", "writebacks_dram",
+    "writebacks_cxl", "device_reads",    "device_writes",  "device_dropped",
+};
+_Static_assert(offsetof(struct vcpu_slot, dev_dropped) == 8 * (N_VCPU_COUNTERS - 1), "JSON names");
+
+static void print_counters(FILE *f, const uint64_t *v)
+{
+    fputc('{', f);
+    for (int k = 0; k < N_VCPU_COUNTERS; k++) {
+        fprintf(f, "%s\"%s\": %" PRIu64, k ? ", " : "", vcpu_counter_names[k], v[k]);
+    }
+    fputc('}', f);
+}
+
 static int write_json(const char *path)
 {
     char tmp[4096];
@@ -309,33 +619,37 @@ static int write_json(const char *path)
     if (f == NULL) {
         return -1;
     }
-    uint64_t totals[5] = {0};
-    fprintf(f, "{\n  \"layout_version\": %u,\n  \"vcpus\": [", LAYOUT_VERSION);
+    uint64_t totals[N_VCPU_COUNTERS] = {0};
+    fprintf(f, "{\n  \"layout_version\": %u,\n  \"llc_bytes\": %" PRIu64 ",\n  \"llc_ways\": %u,\n  \"vcpus\": [",
+            LAYOUT_VERSION, P.llc_bytes, P.llc_ways);
     for (unsigned int i = 0; i < P.n_vslots; i++) {
-        const struct vcpu_slot *s = &P.vslots[i];
-        const uint64_t v[5] = {s->insns, s->mem_accesses, s->io_accesses, s->cxl_loads, s->cxl_stores};
-        for (int k = 0; k < 5; k++) {
+        const uint64_t *v = (const uint64_t *)&P.vslots[i];
+        for (int k = 0; k < N_VCPU_COUNTERS; k++) {
             totals[k] += v[k];
         }
-        fprintf(f,
-                "%s\n    {\"insns\": %" PRIu64 ", \"mem_accesses\": %" PRIu64 ", \"io_accesses\": %" PRIu64
-                ", \"cxl_loads\": %" PRIu64 ", \"cxl_stores\": %" PRIu64 "}",
-                i ? "," : "", v[0], v[1], v[2], v[3], v[4]);
+        fprintf(f, "%s\n    ", i ? "," : "");
+        print_counters(f, v);
     }
     fprintf(f, "\n  ],\n  \"windows\": [");
     uint32_t n = P.n_known;
     for (uint32_t i = 0; i < n; i++) {
         const struct window_slot *w = &P.wslots[i];
         fprintf(f,
-                "%s\n    {\"base\": %" PRIu64 ", \"size\": %" PRIu64 ", \"loads\": %" PRIu64
-                ", \"stores\": %" PRIu64 ", \"lines_touched\": %" PRIu64 ", \"rejected\": %s}",
-                i ? "," : "", w->base, w->size, w->loads, w->stores, w->lines_touched,
+                "%s\n    {\"base\": %" PRIu64 ", \"size\": %" PRIu64 ", \"dpa_base\": %" PRIu64
+                ", \"loads\": %" PRIu64 ", \"stores\": %" PRIu64 ", \"lines_touched\": %" PRIu64
+                ", \"rejected\": %s}",
+                i ? "," : "", w->base, w->size, w->dpa_base, w->loads, w->stores, w->lines_touched,
                 (w->flags & WINDOW_REJECTED) ? "true" : "false");
     }
-    fprintf(f,
-            "\n  ],\n  \"totals\": {\"insns\": %" PRIu64 ", \"mem_accesses\": %" PRIu64
-            ", \"io_accesses\": %" PRIu64 ", \"cxl_loads\": %" PRIu64 ", \"cxl_stores\": %" PRIu64 "}\n}\n",
-            totals[0], totals[1], totals[2], totals[3], totals[4]);
+    fprintf(f, "\n  ],\n  \"totals\": ");
+    print_counters(f, totals);
+    if (P.ring != NULL) {
+        fprintf(f,
+                ",\n  \"ring\": {\"published\": %" PRIu64 ", \"dropped\": %" PRIu64 ", \"full_waits\": %" PRIu64
+                ", \"wait_ns\": %" PRIu64 ", \"producer_state\": %u}",
+                P.ring->head, P.ring->dropped, P.ring->full_waits, P.ring->wait_ns, P.ring->producer_state);
+    }
+    fprintf(f, "\n}\n");
     if (fclose(f) != 0) {
         unlink(tmp);
         return -1;
@@ -360,11 +674,14 @@ static void on_exit_cb(qemu_plugin_id_t id, void *userdata)
     for (int i = 0; i < n; i++) {
         refresh_insns((unsigned int)i);
     }
+    if (P.ring != NULL && !P.ring_given_up) {
+        __atomic_store_n(&P.ring->producer_state, STATE_EXITED, __ATOMIC_RELEASE);
+    }
     if (P.out_path != NULL && write_json(P.out_path) != 0) {
         fprintf(stderr, "cxlssd plugin: cannot write %s: %s\n", P.out_path, strerror(errno));
     }
     __atomic_store_n(&P.hdr->state, STATE_EXITED, __ATOMIC_RELEASE);
-    /* The shm file stays: it lives in the instance's runtime dir, which the
+    /* The shm files stay: they live in the instance's runtime dir, which the
      * platform removes; the platform may still read the final counters. */
 }
 
@@ -398,9 +715,34 @@ static int parse_u64(const char *text, const char *end, uint64_t *out)
     return 0;
 }
 
+/* Create, size and map a new shared file (must not exist). NULL on failure
+ * (message on stderr). */
+static void *map_new_file(const char *path, size_t bytes)
+{
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        fprintf(stderr, "cxlssd plugin: cannot create shm file %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    if (ftruncate(fd, (off_t)bytes) != 0) {
+        fprintf(stderr, "cxlssd plugin: cannot size shm file %s: %s\n", path, strerror(errno));
+        close(fd);
+        unlink(path);
+        return NULL;
+    }
+    void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) {
+        fprintf(stderr, "cxlssd plugin: cannot map shm file %s: %s\n", path, strerror(errno));
+        unlink(path);
+        return NULL;
+    }
+    return map;
+}
+
 static int setup_area(const char *shm_path, unsigned int vcpu_slots)
 {
-    size_t bytes = VCPU_OFFSET + (size_t)vcpu_slots * SLOT_BYTES;
+    size_t bytes = VCPU_OFFSET + (size_t)vcpu_slots * VCPU_SLOT_BYTES;
     bytes = (bytes + 4095) & ~(size_t)4095;
     if (shm_path == NULL) {
         P.area = calloc(1, bytes);
@@ -408,25 +750,10 @@ static int setup_area(const char *shm_path, unsigned int vcpu_slots)
             return bad_arg("(counters)", "out of memory");
         }
     } else {
-        int fd = open(shm_path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-        if (fd < 0) {
-            fprintf(stderr, "cxlssd plugin: cannot create shm file %s: %s\n", shm_path, strerror(errno));
+        P.area = map_new_file(shm_path, bytes);
+        if (P.area == NULL) {
             return -1;
         }
-        if (ftruncate(fd, (off_t)bytes) != 0) {
-            fprintf(stderr, "cxlssd plugin: cannot size shm file %s: %s\n", shm_path, strerror(errno));
-            close(fd);
-            unlink(shm_path);
-            return -1;
-        }
-        void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        close(fd);
-        if (map == MAP_FAILED) {
-            fprintf(stderr, "cxlssd plugin: cannot map shm file %s: %s\n", shm_path, strerror(errno));
-            unlink(shm_path);
-            return -1;
-        }
-        P.area = map;
     }
     P.area_bytes = bytes;
     P.hdr = (struct header *)P.area;
@@ -441,8 +768,55 @@ static int setup_area(const char *shm_path, unsigned int vcpu_slots)
     P.hdr->vcpu_offset = VCPU_OFFSET;
     P.hdr->file_bytes = bytes;
     P.hdr->qemu_pid = (uint64_t)getpid();
+    P.hdr->vcpu_slot_bytes = VCPU_SLOT_BYTES;
+    P.hdr->llc_ways = P.llc_ways;
+    P.hdr->llc_bytes = P.llc_bytes;
+    P.hdr->insn_ps = P.insn_ps;
     P.hdr->state = STATE_RUNNING;
     return 0;
+}
+
+static int setup_ring(const char *path, uint64_t records)
+{
+    size_t bytes = RING_HEADER_BYTES + records * sizeof(struct request);
+    bytes = (bytes + 4095) & ~(size_t)4095;
+    uint8_t *map = map_new_file(path, bytes);
+    if (map == NULL) {
+        return -1;
+    }
+    P.ring = (struct ring_header *)map;
+    P.records = (struct request *)(map + RING_HEADER_BYTES);
+    P.ring_mask = records - 1;
+    P.ring->version = RING_VERSION;
+    P.ring->header_bytes = RING_HEADER_BYTES;
+    P.ring->record_bytes = sizeof(struct request);
+    P.ring->capacity = (uint32_t)records;
+    P.ring->file_bytes = bytes;
+    P.ring->qemu_pid = (uint64_t)getpid();
+    P.ring->insn_ps = P.insn_ps;
+    P.ring->timeout_ns = P.timeout_ns;
+    P.ring->producer_state = STATE_RUNNING;
+    __atomic_store_n(&P.ring->magic, RING_MAGIC, __ATOMIC_RELEASE);
+    return 0;
+}
+
+static int setup_llc(void)
+{
+    if (P.llc_bytes == 0) {
+        return 0;
+    }
+    uint64_t sets = P.llc_bytes / ((uint64_t)LINE_BYTES * P.llc_ways);
+    P.llc = calloc(sets * P.llc_ways, sizeof(uint64_t));
+    if (P.llc == NULL) {
+        return bad_arg("llc", "out of memory for the LLC tags");
+    }
+    P.llc_set_mask = sets - 1;
+    return 0;
+}
+
+static int key_is(const char *arg, size_t key_len, const char *key)
+{
+    return key_len == strlen(key) && strncmp(arg, key, key_len) == 0;
 }
 
 CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *info, int argc,
@@ -452,47 +826,103 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
         fputs("cxlssd plugin: needs system emulation (physical addresses)\n", stderr);
         return -1;
     }
-    const char *shm_path = NULL;
-    uint64_t bases[MAX_WINDOWS], sizes[MAX_WINDOWS];
+    const char *shm_path = NULL, *ring_path = NULL;
+    uint64_t bases[MAX_WINDOWS], sizes[MAX_WINDOWS], dpas[MAX_WINDOWS];
     unsigned int n_windows = 0;
+    uint64_t llc_bytes = DEFAULT_LLC_BYTES, llc_ways = DEFAULT_LLC_WAYS, ring_records = DEFAULT_RING_RECORDS;
+    uint64_t timeout_ms = DEFAULT_RING_TIMEOUT_MS, insn_ps = DEFAULT_INSN_PS;
+    int seen_llc = 0, seen_ways = 0, seen_records = 0, seen_timeout = 0, seen_ps = 0;
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
         const char *eq = strchr(arg, '=');
         if (eq == NULL || eq == arg) {
-            return bad_arg(arg, "expected KEY=VALUE with KEY one of out, shm, window");
+            return bad_arg(arg, "expected KEY=VALUE");
         }
-        const char *value = eq + 1;
+        const char *value = eq + 1, *value_end = value + strlen(value);
         size_t key_len = (size_t)(eq - arg);
-        if (key_len == 3 && strncmp(arg, "out", 3) == 0) {
+        if (key_is(arg, key_len, "out")) {
             if (P.out_path != NULL || *value == '\0') {
                 return bad_arg(arg, "out= must be given once, with a path");
             }
             P.out_path = value;
-        } else if (key_len == 3 && strncmp(arg, "shm", 3) == 0) {
+        } else if (key_is(arg, key_len, "shm")) {
             if (shm_path != NULL || *value == '\0') {
                 return bad_arg(arg, "shm= must be given once, with a path");
             }
             shm_path = value;
-        } else if (key_len == 6 && strncmp(arg, "window", 6) == 0) {
+        } else if (key_is(arg, key_len, "ring")) {
+            if (ring_path != NULL || *value == '\0') {
+                return bad_arg(arg, "ring= must be given once, with a path");
+            }
+            ring_path = value;
+        } else if (key_is(arg, key_len, "window")) {
             const char *colon = strchr(value, ':');
-            uint64_t base, size;
+            const char *colon2 = colon ? strchr(colon + 1, ':') : NULL;
+            uint64_t base, size, dpa = 0;
             if (colon == NULL || parse_u64(value, colon, &base) != 0 ||
-                parse_u64(colon + 1, colon + 1 + strlen(colon + 1), &size) != 0) {
-                return bad_arg(arg, "expected window=BASE:SIZE (e.g. window=0x390000000:0x40000000)");
+                parse_u64(colon + 1, colon2 ? colon2 : value_end, &size) != 0 ||
+                (colon2 != NULL && parse_u64(colon2 + 1, value_end, &dpa) != 0)) {
+                return bad_arg(arg, "expected window=BASE:SIZE[:DPA] (e.g. window=0x390000000:0x40000000)");
             }
             if (n_windows == MAX_WINDOWS) {
                 return bad_arg(arg, "at most 8 windows");
             }
             bases[n_windows] = base;
             sizes[n_windows] = size;
+            dpas[n_windows] = dpa;
             n_windows++;
         } else {
-            return bad_arg(arg, "unknown key (expected out, shm or window)");
+            struct {
+                const char *key;
+                uint64_t *value;
+                int *seen;
+            } numbers[] = {
+                {"llc", &llc_bytes, &seen_llc},
+                {"llc_ways", &llc_ways, &seen_ways},
+                {"ring_records", &ring_records, &seen_records},
+                {"ring_timeout_ms", &timeout_ms, &seen_timeout},
+                {"insn_ps", &insn_ps, &seen_ps},
+            };
+            size_t k = 0;
+            while (k < sizeof numbers / sizeof *numbers && !key_is(arg, key_len, numbers[k].key)) {
+                k++;
+            }
+            if (k == sizeof numbers / sizeof *numbers) {
+                return bad_arg(arg, "unknown key (expected out, shm, window, llc, llc_ways, ring, "
+                                    "ring_records, ring_timeout_ms or insn_ps)");
+            }
+            if (*numbers[k].seen || parse_u64(value, value_end, numbers[k].value) != 0) {
+                return bad_arg(arg, "must be given once, with a number");
+            }
+            *numbers[k].seen = 1;
         }
     }
+    if (llc_ways == 0 || llc_ways > MAX_LLC_WAYS) {
+        return bad_arg("llc_ways", "must be 1..64");
+    }
+    if (llc_bytes != 0) {
+        uint64_t sets = llc_bytes / (LINE_BYTES * llc_ways);
+        if (llc_bytes % (LINE_BYTES * llc_ways) || sets == 0 || (sets & (sets - 1)) || llc_bytes > (1ULL << 36)) {
+            return bad_arg("llc", "size / (64 x ways) must be a power of 2 (size at most 64 GiB)");
+        }
+    }
+    if (ring_records < 2 || (ring_records & (ring_records - 1)) || ring_records > (1ULL << 31)) {
+        return bad_arg("ring_records", "must be a power of 2 between 2 and 2^31");
+    }
+    if (timeout_ms == 0 || timeout_ms > 3600000) {
+        return bad_arg("ring_timeout_ms", "must be 1..3600000");
+    }
+    if (insn_ps == 0 || insn_ps > 1000000) {
+        return bad_arg("insn_ps", "must be 1..1000000");
+    }
+    P.llc_bytes = llc_bytes;
+    P.llc_ways = (uint32_t)llc_ways;
+    P.timeout_ns = timeout_ms * 1000000ULL;
+    P.insn_ps = insn_ps;
 
     int max_vcpus = info->system.max_vcpus > 0 ? info->system.max_vcpus : 1;
-    if (setup_area(shm_path, (unsigned int)max_vcpus) != 0) {
+    P.shared = max_vcpus > 1;
+    if (setup_llc() != 0 || setup_area(shm_path, (unsigned int)max_vcpus) != 0) {
         return -1;
     }
     /* Windows from the arguments go through the same table the platform
@@ -509,7 +939,14 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
         }
         P.wslots[i].base = bases[i];
         P.wslots[i].size = sizes[i];
+        P.wslots[i].dpa_base = dpas[i];
         P.hdr->n_windows = i + 1;
+    }
+    if (ring_path != NULL && setup_ring(ring_path, ring_records) != 0) {
+        if (shm_path != NULL) {
+            unlink(shm_path);
+        }
+        return -1;
     }
     adopt_windows(n_windows);
 

@@ -8,11 +8,18 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from cxlssd.errors import PrerequisiteError
+from cxlssd.firmware.controller import Controller
+from cxlssd.firmware.live import LiveDriver
+from cxlssd.firmware.profile import load_profile
+from cxlssd.firmware.replay import replay_file
+from cxlssd.firmware.request import Op
+from cxlssd.firmware.trace import TraceReader
 from cxlssd.paths import runtime_root
 from cxlssd.platform.config import load_config
 from cxlssd.platform.machine import Platform
@@ -22,6 +29,7 @@ from cxlssd.platform.plugin.counters import PluginCounters
 
 QEMU = "qemu-system-x86_64"
 QUICK_TIMEOUT_S = 60
+DESIGN = "skybyte-full"
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +119,15 @@ def _qemu_none(plugin_arg: str) -> subprocess.CompletedProcess[str]:
         ("window=0x1010:0x40", "multiples of 64"),
         ("window=0x1000:0x100,window=0x1080:0x100", "overlaps another window"),
         (",".join(f"window={i * 64}:64" for i in range(9)), "at most 8 windows"),
+        ("window=0x1000:0x100:zz", "expected window=BASE:SIZE"),
+        ("llc=1000", "must be a power of 2"),
+        ("llc=3145728", "must be a power of 2"),
+        ("llc_ways=0", "must be 1..64"),
+        ("llc=0x100000,llc=0x100000", "must be given once"),
+        ("ring_records=1000", "must be a power of 2"),
+        ("ring_timeout_ms=0", "must be 1..3600000"),
+        ("insn_ps=x", "must be given once, with a number"),
+        ("ring=", "ring= must be given once"),
     ],
 )
 def test_bad_arguments_stop_qemu_with_the_plugins_message(plugin: Path, args: str, message: str) -> None:
@@ -200,7 +217,14 @@ def counters_path(platform: Platform) -> Path:
     return runtime_root() / platform.name / "plugin.counters"
 
 
-PluginGuest = tuple[Platform, PluginCounters, Path]
+@dataclass
+class PluginGuest:
+    platform: Platform
+    counters: PluginCounters
+    out: Path
+    driver: LiveDriver
+    trace: Path
+    stride: dict[str, object] = field(default_factory=dict)  # what the stride test saw
 
 
 def _live_instances(config: pytest.Config) -> set[str]:
@@ -216,18 +240,26 @@ def _live_instances(config: pytest.Config) -> set[str]:
 def plugin_platform(
     plugin: Path, tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
 ) -> Iterator[PluginGuest]:
-    out = tmp_path_factory.mktemp("plugin") / "counters.json"
+    workdir = tmp_path_factory.mktemp("plugin")
+    out, trace = workdir / "counters.json", workdir / "live.trace"
     platform = Platform(load_config())
     shm = counters_path(platform)
-    platform.extra_qemu_args = ["-plugin", f"{plugin},out={out},shm={shm}"]
+    ring = shm.with_name("plugin.ring")
+    platform.extra_qemu_args = ["-plugin", f"{plugin},out={out},shm={shm},ring={ring}"]
+    controller = Controller.from_profile(load_profile(DESIGN), timebase="compute")
     live = _live_instances(pytestconfig)
     live.add(platform.name)
     try:
-        with platform, PluginCounters(shm) as counters:
+        # The firmware attaches before the window is published: no request is dropped.
+        with (
+            platform,
+            PluginCounters(shm) as counters,
+            LiveDriver(ring, controller, record=trace, metadata={"design": DESIGN}) as driver,
+        ):
             device = platform.devices[0]
-            counters.publish_window(device.hpa_base, device.size_bytes)
+            counters.publish_window(device.hpa_base, device.size_bytes, device.dpa_base)
             print(f"boot with the plugin: {platform.boot_seconds:.0f} s")
-            yield platform, counters, out
+            yield PluginGuest(platform, counters, out, driver, trace)
     finally:
         live.discard(platform.name)
     # Shut down: the plugin wrote its JSON at exit.
@@ -243,10 +275,11 @@ def _touch(platform: Platform, node: int) -> None:
 
 @pytest.mark.guest
 def test_window_is_the_guests_region_inside_qemus_cxl_window(plugin_platform: PluginGuest) -> None:
-    platform, counters, _ = plugin_platform
+    platform, counters = plugin_platform.platform, plugin_platform.counters
     device = platform.devices[0]
     window = counters.snapshot().windows[0]
     assert (window.base, window.size, window.accepted) == (device.hpa_base, device.size_bytes, True)
+    assert window.dpa_base == device.dpa_base
     # QEMU's own memory map: the region lies in a CXL fixed memory window.
     mtree = platform.qmp.cmd("human-monitor-command", **{"command-line": "info mtree -f"})
     assert isinstance(mtree, str)
@@ -258,7 +291,7 @@ def test_window_is_the_guests_region_inside_qemus_cxl_window(plugin_platform: Pl
 
 @pytest.mark.guest
 def test_plugin_counts_the_guests_cxl_stores(plugin_platform: PluginGuest) -> None:
-    platform, counters, _ = plugin_platform
+    platform, counters = plugin_platform.platform, plugin_platform.counters
     before = counters.snapshot()
     _touch(platform, platform.devices[0].node)
     delta = counters.snapshot() - before
@@ -270,10 +303,120 @@ def test_plugin_counts_the_guests_cxl_stores(plugin_platform: PluginGuest) -> No
 
 @pytest.mark.guest
 def test_dram_bound_run_adds_almost_no_cxl_accesses(plugin_platform: PluginGuest) -> None:
-    platform, counters, _ = plugin_platform
+    platform, counters = plugin_platform.platform, plugin_platform.counters
     before = counters.snapshot()
     _touch(platform, 0)
     delta = counters.snapshot() - before
     print(f"DRAM node: {delta}")
     assert delta.insns > 1_000_000 and delta.mem_accesses > TOUCH_LINES
     assert delta.cxl_loads + delta.cxl_stores < TOUCH_LINES // 100
+
+
+# Runs IN THE GUEST (python3 -c STRIDE_SCRIPT PAGES FLUSH_BYTES NODE), itself on node 0:
+# maps PAGES pages bound to NODE (mbind, MPOL_BIND), dirties every line of them,
+# flushes the LLC of them by writing one byte per line of FLUSH_BYTES on node 0,
+# prints the pages' physical addresses (from /proc/self/pagemap), waits for a
+# line on stdin, reads one byte of every line of the pages and prints the sum
+# (one per line), then waits for stdin to close.
+STRIDE_SCRIPT = r"""
+import ctypes
+import json
+import mmap
+import struct
+import sys
+
+PAGE, LINE = 4096, 64
+SYS_MBIND, MPOL_BIND = 237, 2
+pages, flush_bytes, node = (int(a) for a in sys.argv[1:4])
+size = pages * PAGE
+buf = mmap.mmap(-1, size)
+base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+nodemask = ctypes.c_ulong(1 << node)
+rc = libc.syscall(
+    ctypes.c_long(SYS_MBIND), ctypes.c_void_p(base), ctypes.c_ulong(size), ctypes.c_long(MPOL_BIND),
+    ctypes.byref(nodemask), ctypes.c_ulong(64), ctypes.c_ulong(0),
+)
+assert rc == 0, f"mbind failed: errno {ctypes.get_errno()}"
+buf[::LINE] = b"\x01" * (size // LINE)  # faults the pages in on NODE, dirties every line
+physical = []
+with open("/proc/self/pagemap", "rb") as pagemap:
+    for page in range(pages):
+        pagemap.seek((base // PAGE + page) * 8)
+        (entry,) = struct.unpack("<Q", pagemap.read(8))
+        assert entry >> 63, "page not present"
+        physical.append((entry & ((1 << 55) - 1)) * PAGE)
+flush = bytearray(flush_bytes)
+flush[::LINE] = b"\x02" * (flush_bytes // LINE)
+print(json.dumps(physical), flush=True)
+sys.stdin.readline()
+print(sum(buf[::LINE]), flush=True)
+sys.stdin.read()
+"""
+
+STRIDE_PAGES = 64
+STRIDE_LINES = STRIDE_PAGES * 64
+FLUSH_BYTES = 32 << 20  # 16x the default 2 MiB LLC
+
+
+@pytest.mark.guest
+def test_stride_after_llc_flush_gives_exactly_one_device_read_per_line(
+    plugin_platform: PluginGuest,
+) -> None:
+    """A process on node 0 maps N lines on the CXL node (mbind), dirties them,
+    flushes the LLC by writing a buffer 16x its size on node 0, then (between
+    two host snapshots) reads one byte of each line: exactly N device reads,
+    no writes, at exactly those lines' DPAs, all served by the live firmware."""
+    guest, counters, driver = plugin_platform.platform, plugin_platform.counters, plugin_platform.driver
+    device = guest.devices[0]
+    channel = guest.guest().open_process(
+        ["python3", "-c", STRIDE_SCRIPT, str(STRIDE_PAGES), str(FLUSH_BYTES), str(device.node)]
+    )
+    try:
+        lines = channel.makefile("r")
+        ready = lines.readline()
+        assert ready, channel.makefile_stderr("r").read()
+        physical = json.loads(ready)
+        served_before = driver.wait_drained()
+        model_before = driver.controller.counter_dict()["model"]
+        before = counters.snapshot()
+        channel.sendall(b"go\n")
+        assert lines.readline().strip() == str(STRIDE_LINES)  # the guest's checksum: one 1 per line
+        after = counters.snapshot()
+        served_after = driver.wait_drained()
+        model_after = driver.controller.counter_dict()["model"]
+    finally:
+        channel.close()
+    delta = after - before
+    print(f"stride: {delta}")
+    assert delta.total("device_reads") == STRIDE_LINES
+    assert delta.total("device_writes") == 0 and delta.total("device_dropped") == 0
+    assert delta.total("llc_misses_cxl") == STRIDE_LINES and delta.cxl_loads >= STRIDE_LINES
+    assert served_after - served_before == STRIDE_LINES
+    assert model_after["reads"] - model_before["reads"] == STRIDE_LINES
+    assert model_after["writes"] == model_before["writes"]
+    expected = sorted(device.backing_offset(page + 64 * k) for page in physical for k in range(64))
+    plugin_platform.stride.update(first=served_before, expected=expected)
+
+
+@pytest.mark.guest
+def test_replaying_the_live_trace_gives_the_live_counters(plugin_platform: PluginGuest) -> None:
+    """Stop the live firmware (it drains the ring and closes the trace); replay
+    the trace under the same design: same counters. The stride's requests are
+    in the trace where the live driver served them."""
+    driver = plugin_platform.driver
+    driver.stop()
+    stats = driver.stats()
+    dropped = plugin_platform.counters.snapshot().total("device_dropped")
+    print(f"live driver: {stats}; {dropped} requests dropped")
+    live_counters = driver.controller.counter_dict()
+    result = replay_file(plugin_platform.trace, load_profile(DESIGN))
+    assert result["counters"] == live_counters
+    records = TraceReader(plugin_platform.trace).read_all()
+    assert records.shape[0] == stats["requests"] == live_counters["model"]["requests"]
+    if plugin_platform.stride:
+        first = int(plugin_platform.stride["first"])  # type: ignore[call-overload]
+        window = records[first : first + STRIDE_LINES]
+        assert (window["op"] == Op.READ).all()
+        assert sorted(int(a) for a in window["addr"]) == plugin_platform.stride["expected"]

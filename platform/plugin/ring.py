@@ -1,0 +1,219 @@
+"""The consumer side of the plugin's device-request ring (``ring=PATH``).
+
+The plugin turns LLC misses and dirty write-backs in a CXL window into device
+requests and writes them into a single-producer/single-consumer ring in a
+shared-memory file (layout in ``cxlssd_plugin.c`` and docs/plugin.md). The
+records are :data:`~cxlssd.firmware.request.REQUEST_DTYPE`, so a chunk of the
+ring is a numpy view that :meth:`Controller.process` takes as it is::
+
+    with RequestRing(rundir / "plugin.ring") as ring:   # attaches as the consumer
+        while ...:
+            chunk = ring.peek()          # a view of records [tail, head), no copy
+            controller.process(chunk)
+            ring.release(chunk.shape[0]) # only now may the plugin reuse them
+
+Only one consumer may be attached at a time; requests the guest makes while
+none is attached are counted as dropped by the plugin, not queued.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+
+from cxlssd.errors import InputError
+from cxlssd.firmware.request import REQUEST_DTYPE
+from cxlssd.platform.plugin.shared_file import map_when_ready
+
+MAGIC = int.from_bytes(b"CXLSSDRQ", "little")
+VERSION = 1
+HEADER_BYTES = 256
+# Producer states (header offset 56).
+RUNNING, EXITED, CONSUMER_GONE, CONSUMER_STALLED = 1, 2, 3, 4
+# Consumer states (header offset 136).
+DETACHED_NEVER, ATTACHED, DETACHED = 0, 1, 2
+STATE_NAMES = {
+    RUNNING: "running",
+    EXITED: "exited",
+    CONSUMER_GONE: "consumer gone",
+    CONSUMER_STALLED: "consumer stalled",
+}
+
+# u64 word indices in the header
+_W_FILE_BYTES, _W_QEMU_PID, _W_INSN_PS, _W_TIMEOUT = 3, 4, 5, 6
+_W_HEAD, _W_DROPPED, _W_FULL_WAITS, _W_WAIT_NS = 8, 9, 10, 11
+_W_TAIL, _W_CONSUMER_PID = 16, 18
+# u32 word indices
+_U_VERSION, _U_HEADER, _U_RECORD, _U_CAPACITY, _U_PRODUCER, _U_CONSUMER = 2, 3, 4, 5, 14, 34
+
+
+class RingError(RuntimeError):
+    """The plugin gave up on the consumer (it was gone or stalled past the timeout)."""
+
+
+@dataclass(frozen=True)
+class RingStatus:
+    """The ring's producer-side counters at one moment."""
+
+    head: int  # records ever published
+    tail: int  # records ever consumed
+    dropped: int  # requests not queued (no consumer attached, or given up)
+    full_waits: int  # times the guest waited on a full ring
+    wait_ns: int  # host ns the guest spent waiting on a full ring
+    producer_state: int
+
+    @property
+    def state(self) -> str:
+        return STATE_NAMES.get(self.producer_state, f"unknown ({self.producer_state})")
+
+
+class RequestRing:
+    """The ring file, mapped read-write, attached as its (only) consumer; with
+    ``consume=False`` an observer that only reads :meth:`status` (e.g. the
+    platform watching for a dead firmware) and never attaches."""
+
+    def __init__(self, path: Path, consume: bool = True) -> None:
+        self.path = Path(path)
+        self.consume = consume
+        self._map: mmap.mmap | None = None
+        self._u32: np.ndarray | None = None
+        self._u64: np.ndarray | None = None
+        self._records: np.ndarray | None = None
+        self.capacity = 0
+        self.insn_ps = 0
+        self.timeout_ns = 0
+        self._tail = 0
+
+    def __enter__(self) -> RequestRing:
+        self.open()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def open(self, timeout_s: float = 10.0) -> None:
+        """Map the ring (waiting up to ``timeout_s`` for the plugin to create
+        it) and attach as its consumer."""
+        self._attach(map_when_ready(self.path, HEADER_BYTES, MAGIC, timeout_s, "cxlssd request ring", "ring"))
+
+    def _attach(self, mapped: mmap.mmap) -> None:
+        u32 = np.frombuffer(mapped, np.uint32, HEADER_BYTES // 4)
+        u64 = np.frombuffer(mapped, np.uint64, HEADER_BYTES // 8)
+        capacity = int(u32[_U_CAPACITY])
+        problem = None
+        if int(u32[_U_VERSION]) != VERSION:
+            problem = f"ring version {int(u32[_U_VERSION])}, this reader knows {VERSION}"
+        elif int(u32[_U_HEADER]) != HEADER_BYTES or int(u32[_U_RECORD]) != REQUEST_DTYPE.itemsize:
+            problem = "header or record size does not match"
+        elif capacity < 2 or capacity & (capacity - 1) or HEADER_BYTES + capacity * 24 > len(mapped):
+            problem = "capacity does not match the file"
+        elif self.consume and int(u32[_U_CONSUMER]) == ATTACHED:
+            problem = "another consumer is attached"
+        if problem is not None:
+            del u32, u64
+            mapped.close()
+            raise InputError(f"{self.path}: not a usable request ring: {problem}")
+        self._map = mapped
+        self._u32, self._u64 = u32, u64
+        self._records = np.frombuffer(mapped, REQUEST_DTYPE, capacity, HEADER_BYTES)
+        self.capacity = capacity
+        self.insn_ps = int(u64[_W_INSN_PS])
+        self.timeout_ns = int(u64[_W_TIMEOUT])
+        self._tail = int(u64[_W_TAIL])
+        if self.consume:
+            u64[_W_CONSUMER_PID] = os.getpid()
+            # The pid before the state: the plugin checks the pid of an attached consumer.
+            u32[_U_CONSUMER] = ATTACHED
+
+    def close(self) -> None:
+        """Detach (the plugin then drops requests instead of waiting) and unmap."""
+        if self._u32 is not None and self.consume:
+            self._u32[_U_CONSUMER] = DETACHED
+        self._u32 = self._u64 = self._records = None
+        if self._map is not None:
+            # A caller may still hold a chunk view: then it is unmapped when the last view goes.
+            with contextlib.suppress(BufferError):
+                self._map.close()
+            self._map = None
+
+    def _header(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._u32 is None or self._u64 is None:
+            raise InputError(f"request ring {self.path} is not open")
+        return self._u32, self._u64
+
+    @property
+    def qemu_pid(self) -> int:
+        return int(self._header()[1][_W_QEMU_PID])
+
+    def status(self) -> RingStatus:
+        u32, u64 = self._header()
+        return RingStatus(
+            head=int(u64[_W_HEAD]),
+            tail=int(u64[_W_TAIL]),
+            dropped=int(u64[_W_DROPPED]),
+            full_waits=int(u64[_W_FULL_WAITS]),
+            wait_ns=int(u64[_W_WAIT_NS]),
+            producer_state=int(u32[_U_PRODUCER]),
+        )
+
+    def check(self) -> None:
+        """A :class:`RingError` naming the cause if the plugin gave up on the consumer."""
+        state = int(self._header()[0][_U_PRODUCER])
+        if state in (CONSUMER_GONE, CONSUMER_STALLED):
+            status = self.status()
+            raise RingError(
+                f"the plugin stopped queueing device requests ({status.state}; "
+                f"{status.dropped} dropped): the firmware did not keep up with the ring "
+                f"{self.path} (timeout {self.timeout_ns / 1e9:.1f} s) or died"
+            )
+
+    @property
+    def producer_exited(self) -> bool:
+        return int(self._header()[0][_U_PRODUCER]) == EXITED
+
+    def pending(self) -> int:
+        """Records published and not yet released."""
+        _, u64 = self._header()
+        return int(u64[_W_HEAD]) - self._tail
+
+    def _consumer(self) -> None:
+        if not self.consume:
+            raise InputError(f"request ring {self.path} is open as an observer, not as the consumer")
+
+    def peek(self, max_records: int | None = None) -> np.ndarray:
+        """A view of the oldest unreleased records (up to the end of the ring's
+        storage, so a wrapped backlog comes in two calls). Valid until
+        :meth:`release`; empty if nothing is pending."""
+        self._consumer()
+        _, u64 = self._header()
+        assert self._records is not None
+        head = int(u64[_W_HEAD])  # numpy reads the aligned word once: an acquire on x86
+        available = head - self._tail
+        if available <= 0:
+            return self._records[:0]
+        start = self._tail & (self.capacity - 1)
+        count = min(available, self.capacity - start)
+        if max_records is not None:
+            count = min(count, max_records)
+        return self._records[start : start + count]
+
+    def release(self, count: int) -> None:
+        """Give ``count`` records (from :meth:`peek`) back to the producer."""
+        self._consumer()
+        _, u64 = self._header()
+        if count < 0 or self._tail + count > int(u64[_W_HEAD]):
+            raise ValueError(f"cannot release {count} records: only {self.pending()} pending")
+        self._tail += count
+        # x86: the reads of the records happened before this store (TSO).
+        u64[_W_TAIL] = self._tail
