@@ -151,9 +151,11 @@ def test_qmp_arguments_use_qemu_10_names() -> None:
 
 
 @pytest.fixture
-def fake_instance() -> Iterator[str]:
+def fake_instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A runtime dir that looks like a running instance; its QMP endpoint does not
-    exist, so anything that got past validation would fail differently."""
+    exist, so anything that got past validation would fail differently. It lives in
+    a runtime root of its own, so guests the session runs meanwhile are not listed."""
+    monkeypatch.setenv("CXLSSD_RUNTIME", str(tmp_path / "runtime"))
     name = f"fake-{os.getpid()}"
     rundir = runtime_root() / name
     rundir.mkdir(mode=0o700)
