@@ -174,9 +174,10 @@ class Platform:
         qemu = check_qemu()
         image = self._image or ensure_image()
         root = runtime_root()
-        check_host_capacity(self.config, root)
+        # Reap first: a dead instance's backing files would count against the capacity.
         for name in reap_stale_instances():
             log.info("removed the leftovers of instance %s (its owner had died)", name)
+        check_host_capacity(self.config, root)
         try:
             self._start(qemu, image, root)
             started = time.monotonic()
