@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from cxlssd.errors import ConfigError, GuestError
 from cxlssd.paths import runtime_root
+from cxlssd.platform.machine import pid_file_alive
 
 if TYPE_CHECKING:
     from cxlssd.platform.machine import Platform
@@ -504,22 +505,14 @@ KINDS: Mapping[str, type[Injection]] = {
 # -- targets -------------------------------------------------------------------------
 
 
-def _alive(pid_file: Path) -> bool:
-    try:
-        os.kill(int(pid_file.read_text()), 0)
-    except (OSError, ValueError):
-        return False
-    return True
-
-
 def running_instances() -> list[str]:
     """Names of the instances of this runtime root whose platform and QEMU are alive."""
     names = []
     for rundir in sorted(runtime_root().iterdir()):
         if (
             (rundir / "instance.json").is_file()
-            and _alive(rundir / "owner.pid")
-            and _alive(rundir / "qemu.pid")
+            and pid_file_alive(rundir / "owner.pid")
+            and pid_file_alive(rundir / "qemu.pid")
         ):
             names.append(rundir.name)
     return names

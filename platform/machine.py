@@ -79,13 +79,15 @@ def _free_port() -> int:
         return port
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_file_alive(pid_file: Path) -> bool:
+    """Whether the process whose pid ``pid_file`` holds is alive (False if the file
+    is missing or garbled). Shared by stale-instance reaping and ``inject``."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+        os.kill(int(pid_file.read_text()), 0)
+    except PermissionError:  # exists, owned by someone else
         return True
+    except (OSError, ValueError):
+        return False
     return True
 
 
@@ -94,12 +96,7 @@ def reap_stale_instances() -> list[str]:
     killing their QEMU if it survived. Returns the names reaped."""
     reaped = []
     for rundir in runtime_root().iterdir():
-        owner = rundir / "owner.pid"
-        try:
-            owner_pid = int(owner.read_text())
-        except (OSError, ValueError):
-            owner_pid = 0
-        if owner_pid and _pid_alive(owner_pid):
+        if pid_file_alive(rundir / "owner.pid"):
             continue
         with contextlib.suppress(OSError, ValueError, ProcessLookupError):
             os.kill(int((rundir / "qemu.pid").read_text()), signal.SIGKILL)
