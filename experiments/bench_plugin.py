@@ -1,43 +1,43 @@
-"""Benchmark: how much the TCG plugin slows the guest (emulator wall-clock).
+"""Benchmark: how much the TCG plugin and the live firmware slow the guest (emulator wall-clock).
 
 Boots the default platform once per mode and runs the same guest workloads in
 each, timing them inside the guest. Modes:
 
 - ``plain``: no plugin;
-- ``count``: the plugin counting only (``llc=0``, no ring: the first plugin);
-- ``live``: the plugin with its LLC model and the request ring, drained by the
-  live firmware (``firmware/live.py``) in this process.
+- ``dormant``: the plugin loaded as every platform loads it, not attached
+  (instructions and ROI markers only);
+- ``live``: ``skybyte-full`` attached (``Platform.attach``): the plugin active
+  (LLC model, clock, request ring) and the firmware process serving the ring.
 
 Workloads:
 
 - ``python-loop``: an interpreter loop (ordinary code: many RAM loads/stores);
 - ``dram-stride``: one store and one load per 64-byte line of 64 MiB on node 0;
-- ``cxl-stride``: the same over 4 MiB on the CXL node (every access is MMIO in QEMU).
+- ``cxl-stride``: the same over 4 MiB on the CXL node (every access is MMIO in
+  QEMU): the memory-bound workload on node 1 of issue 4's 5x target.
 
-Prints boot time and each workload's time side by side, the plugin's counters
-over the workloads, and for ``live`` the device requests the firmware drained
-per second and its busy share. These are emulator wall-clock numbers, only
-meant to measure the plugin's overhead; they are never platform results.
+Prints boot time and each workload's time side by side with its ratio to the
+first mode, and for ``live`` the device requests the firmware served per second
+of the run and its busy share. These are emulator wall-clock numbers, only
+meant to measure overhead; they are never platform results.
 
-Run: ``python -P -m cxlssd.experiments.bench_plugin [--repeat N] [--modes plain,count,live]``.
+Run: ``./cxlssd bench-plugin [--repeat N] [--modes plain,dormant,live] [--json FILE]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
-from cxlssd.firmware.controller import Controller
-from cxlssd.firmware.live import LiveDriver
-from cxlssd.firmware.profile import load_profile
-from cxlssd.paths import runtime_root
+from cxlssd.errors import ConfigError
 from cxlssd.platform.config import load_config
+from cxlssd.platform.live import LiveSession
 from cxlssd.platform.machine import Platform
-from cxlssd.platform.plugin.build import ensure_plugin
-from cxlssd.platform.plugin.counters import PluginCounters
 
 # Runs in the guest: argv = workload name, repeats. Prints the best time in seconds.
 GUEST_SCRIPT = r"""
@@ -65,7 +65,7 @@ for _ in range(repeats):
 print(best)
 """
 WORKLOADS = ("python-loop", "dram-stride", "cxl-stride")
-MODES = ("plain", "count", "live")
+MODES = ("plain", "dormant", "live")
 DESIGN = "skybyte-full"
 
 
@@ -83,77 +83,60 @@ def run_workloads(platform: Platform, repeat: int) -> dict[str, float]:
 
 
 def measure(mode: str, repeat: int) -> dict[str, object]:
-    platform = Platform(load_config())
-    shm = runtime_root() / platform.name / "plugin.counters"
-    ring = shm.with_name("plugin.ring")
-    if mode == "count":
-        platform.extra_qemu_args = ["-plugin", f"{ensure_plugin()},shm={shm},llc=0"]
-    elif mode == "live":
-        platform.extra_qemu_args = ["-plugin", f"{ensure_plugin()},shm={shm},ring={ring}"]
-    with platform:
+    with Platform(load_config(), plugin=mode != "plain") as platform:
         result: dict[str, object] = {"boot_s": platform.boot_seconds}
-        if mode == "plain":
+        session: contextlib.AbstractContextManager[LiveSession | None] = (
+            platform.attach(DESIGN) if mode == "live" else contextlib.nullcontext()
+        )
+        with session as live:
             result["times_s"] = run_workloads(platform, repeat)
-            return result
-        with PluginCounters(shm) as counters:
-            driver = None
-            if mode == "live":
-                controller = Controller.from_profile(load_profile(DESIGN), timebase="compute")
-                driver = LiveDriver(ring, controller)
-                driver.start()
-            try:
-                device = platform.devices[0]
-                counters.publish_window(device.hpa_base, device.size_bytes, device.dpa_base)
-                before = counters.snapshot()
-                result["times_s"] = run_workloads(platform, repeat)
-                delta = counters.snapshot() - before
-            finally:
-                if driver is not None:
-                    driver.stop()
-        result["counters"] = {
-            "insns": delta.insns,
-            "mem_accesses": delta.mem_accesses,
-            "cxl_loads": delta.cxl_loads,
-            "cxl_stores": delta.cxl_stores,
-            "cxl_lines_touched": delta.windows[0].lines_touched,
-            **{name: delta.total(name) for name in ("llc_misses_cxl", "device_reads", "device_writes",
-                                                    "device_dropped")},
-        }
-        if driver is not None:
-            stats = driver.stats()
+        if live is not None:
+            driver = live.results["driver"]
+            model = live.results["counters"]["model"]
             result["firmware"] = {
-                **stats,
-                "busy_share": stats["busy_s"] / stats["elapsed_s"] if stats["elapsed_s"] else 0.0,
+                "requests": model["requests"],
+                "requests_per_s": model["requests"] / driver["elapsed_s"],
+                "busy_share": driver["busy_s"] / driver["elapsed_s"],
+                "requests_per_busy_s": driver["requests_per_busy_s"],
             }
         return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _rows(results: dict[str, dict[str, object]], modes: list[str]) -> Iterator[tuple[str, list[float]]]:
+    yield "boot", [float(results[m]["boot_s"]) for m in modes]  # type: ignore[arg-type]
+    for name in WORKLOADS:
+        yield name, [float(results[m]["times_s"][name]) for m in modes]  # type: ignore[index]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per workload (best is kept)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {MODES}")
     parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     modes = [m for m in args.modes.split(",") if m]
     if not modes or any(m not in MODES for m in modes):
-        parser.error(f"--modes: choose from {MODES}")
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+        raise ConfigError(f"--modes {args.modes!r}: choose from {', '.join(MODES)}")
     results = {mode: measure(mode, args.repeat) for mode in modes}
     base = modes[0]
     print(f"\nTCG plugin overhead (emulator wall-clock, not a platform result; x = vs {base})")
     print(f"{'':14}" + "".join(f" {m:>18}" for m in modes))
-    rows: list[tuple[str, list[float]]] = [("boot", [float(results[m]["boot_s"]) for m in modes])]  # type: ignore[arg-type]
-    rows += [(n, [float(results[m]["times_s"][n]) for m in modes]) for n in WORKLOADS]  # type: ignore[index]
-    for name, values in rows:
+    for name, values in _rows(results, modes):
         print(f"{name:14}" + "".join(f" {v:9.3f}s {v / values[0]:6.2f}x" for v in values))
     for mode in modes:
-        if "counters" in results[mode]:
-            print(f"{mode} plugin counters over the three workloads: {results[mode]['counters']}")
         if "firmware" in results[mode]:
             print(f"{mode} firmware: {results[mode]['firmware']}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""CLI sub-commands of the firmware model: ``replay``, ``trace``, ``bench-firmware``."""
+"""CLI sub-commands of the firmware model: ``replay``, ``trace``, ``bench-firmware``,
+``serve-firmware`` (the firmware process the platform starts)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import json
 import logging
 from pathlib import Path
 
-from cxlssd.errors import ConfigError, InputError
+from cxlssd.errors import ConfigError, FirmwareError, InputError
 from cxlssd.firmware import bench
 from cxlssd.firmware.profile import available_profiles, load_profile, parse_size
 from cxlssd.firmware.replay import replay_file, summary_lines
+from cxlssd.firmware.serve import serve
 from cxlssd.firmware.synth import PATTERNS, SynthSpec, generate
 from cxlssd.firmware.trace import TraceReader, TraceWriter
+from cxlssd.platform.plugin.ring import RingError
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_spec(b, requests=10_000_000, footprint="2GiB")
     b.add_argument("--out", type=Path, help="write the rows as JSON")
     b.set_defaults(handler=cmd_bench)
+
+    f = subparsers.add_parser(
+        "serve-firmware", help="serve a running guest's plugin ring (started by the platform)",
+        description="Run the live firmware on the plugin's device-request ring until SIGTERM, "
+        "SIGINT or QEMU's exit; then write the results as JSON. `guest exec --design` starts it.",
+    )
+    f.add_argument("--ring", type=Path, required=True, help="the plugin's ring file")
+    f.add_argument("--counters", type=Path, help="the plugin's counters file (for per-ROI CPU counters)")
+    f.add_argument("--design", default="base-cssd", help="profile name or a .yaml path")
+    _add_set(f)
+    f.add_argument("--pv", type=Path, help="the paravirtual clock page (answers the guest's clock reads)")
+    f.add_argument("--record", type=Path, help="record the request stream to this trace file")
+    f.add_argument("--results", type=Path, required=True, help="where to write the results (JSON)")
+    f.set_defaults(handler=cmd_serve)
 
 
 def _add_set(parser: argparse.ArgumentParser) -> None:
@@ -130,6 +147,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(line)
     if args.out:
         _write_json(args.out, {"spec": spec.metadata(), "rows": rows})
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    profile = load_profile(args.design, args.overrides)
+    try:
+        serve(args.ring, profile, args.results, args.counters, args.record, pv_path=args.pv)
+    except RingError as error:
+        raise FirmwareError(f"the firmware stopped: {error}") from None
     return 0
 
 

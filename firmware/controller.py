@@ -17,10 +17,12 @@ must give exactly what ``_step`` would; other requests go through
 ``_step`` itself for the rare cases). ``tests/firmware/test_controller.py`` and
 ``test_fast_path.py`` check both against ``vectorize=False`` (``_step`` only).
 
-Timebase: with ``timebase="compute"`` (synthetic traces) a request's ``time_ns``
-excludes memory stalls and the controller adds the stall it has charged that vCPU
-so far (closed loop); with ``"issue"`` (a driver whose clock already includes
-stalls) ``time_ns`` is used as is.
+Timebase: with ``timebase="compute"`` (synthetic traces, the live plugin) a
+request's ``time_ns`` excludes device stalls and the controller adds the stall it
+has charged that vCPU so far (closed loop); with ``"issue"`` (a driver whose clock
+already includes stalls) ``time_ns`` is used as is. A read's latency (or, on a long
+delay, the switch cost) is charged to its vCPU; a write too, unless it carries
+``FLAG_POSTED`` (an LLC write-back, which never stalls the CPU).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from cxlssd.firmware.migration import MIGRATION_POLICIES, MigrationConfig, Migra
 from cxlssd.firmware.profile import Profile
 from cxlssd.firmware.request import (
     FLAG_DIRTY,
+    FLAG_POSTED,
     LINE_BYTES,
     PAGE_BYTES,
     PAGE_SHIFT,
@@ -290,6 +293,11 @@ class Controller:
         """Pages the firmware decided to promote that the host has not promoted yet."""
         return np.flatnonzero(self.pending)
 
+    def vcpu_stall_ns(self, vcpu: int) -> int:
+        """The stall charged to ``vcpu`` so far (what its modelled clock adds to
+        the requests' ``time_ns`` in the compute timebase)."""
+        return self._vcpu_stall_ns[vcpu]
+
     @property
     def threshold(self) -> int | None:
         """The migration policy's current promotion threshold (None without migration)."""
@@ -395,6 +403,7 @@ class Controller:
         addrs = chunk["addr"].tolist()
         vcpus = chunk["vcpu"].tolist()
         times = chunk["time_ns"].tolist()
+        posted_list = (chunk["flags"] & FLAG_POSTED).tolist()
         starts = [0] * n
         lats = [0] * n
         srcs = [0] * n
@@ -456,7 +465,7 @@ class Controller:
         seq = self._seq
         last_complex = -1  # the last miss or _step request
         i = -1
-        for op, addr, vcpu, time_ns in zip(ops, addrs, vcpus, times, strict=True):
+        for op, addr, vcpu, time_ns, posted in zip(ops, addrs, vcpus, times, posted_list, strict=True):
             i += 1
             page = addr >> 12
             start = time_ns + stall[vcpu] if compute else time_ns
@@ -554,8 +563,11 @@ class Controller:
                     inflight_done = wlog.inflight_done_ns
                 continue
             seq += 1
-            long_delay = latency > cs_threshold if cs_call is None else cs_call(latency)
-            stall[vcpu] += switch_cost if long_delay else latency
+            if posted:
+                long_delay = False
+            else:
+                long_delay = latency > cs_threshold if cs_call is None else cs_call(latency)
+                stall[vcpu] += switch_cost if long_delay else latency
             starts[i] = start
             lats[i] = latency
             srcs[i] = source
@@ -605,8 +617,9 @@ class Controller:
             latency_total = int(latency_a.sum())
             n_long = int(np.count_nonzero(long_a))
             long_latency = int(latency_a[long_a].sum()) if n_long else 0
+            posted_latency = int(latency_a[(chunk["flags"] & FLAG_POSTED) != 0].sum())
             c.latency_ns_total += latency_total
-            c.stall_ns_total += latency_total - long_latency + n_long * switch_cost
+            c.stall_ns_total += latency_total - long_latency - posted_latency + n_long * switch_cost
             c.long_delays += n_long
             c.long_delay_latency_ns += long_latency
             self._clock_ns = max(self._clock_ns, int(o["start_ns"].max()))
@@ -673,8 +686,11 @@ class Controller:
                     c.cache_misses += 1
             if hit and self.migration is not None:
                 promote, demote = self._count_hit(page, start)
-        long_delay = self.context_switch.long_delay(latency)
-        charged = self.context_switch.switch_cost_ns if long_delay else latency
+        if flags & FLAG_POSTED:
+            long_delay, charged = False, 0
+        else:
+            long_delay = self.context_switch.long_delay(latency)
+            charged = self.context_switch.switch_cost_ns if long_delay else latency
         self._vcpu_stall_ns[vcpu] += charged
         c.served[Source(source).name.lower()] += 1
         c.latency_ns_total += latency
@@ -920,8 +936,9 @@ class Controller:
             log_write = write & (source == Source.LOG)
             latency[log_write] = self._lat_append
             self._commit_appends(page[log_write], line[log_write])
-        long_delay = self.context_switch.long_delay_batch(latency)
-        charged = np.where(long_delay, self.context_switch.switch_cost_ns, latency)
+        posted = (r["flags"] & FLAG_POSTED) != 0
+        long_delay = self.context_switch.long_delay_batch(latency) & ~posted
+        charged = np.where(long_delay, self.context_switch.switch_cost_ns, np.where(posted, 0, latency))
         time_ns = r["time_ns"].astype(np.int64)
         vcpu = r["vcpu"]
         stall = self._vcpu_stall_ns

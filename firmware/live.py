@@ -2,21 +2,24 @@
 
 The plugin (``platform/plugin/cxlssd_plugin.c``) writes one
 :data:`~cxlssd.firmware.request.REQUEST_DTYPE` record per LLC miss or dirty
-write-back in a CXL window into a shared-memory ring; this driver drains it in
-chunks (numpy views of the ring, no copy), serves each chunk with
-:meth:`Controller.process` and, on request, records the stream to a trace file
-(:class:`~cxlssd.firmware.trace.TraceWriter`) so ``./cxlssd replay`` re-runs it
-under other designs and gives the same answers (DESIGN.md decision 5)::
+write-back in a CXL window, and one marker record per ROI marker, into a
+shared-memory ring; this driver drains it in chunks (numpy views of the ring, no
+copy), serves them through a :class:`~cxlssd.firmware.stream.StreamServer`
+(the controller, plus the ROI results) and, on request, records the stream to a
+trace file (:class:`~cxlssd.firmware.trace.TraceWriter`) so ``./cxlssd replay``
+re-runs it under other designs and gives the same answers (DESIGN.md decision 5)::
 
     controller = Controller.from_profile(load_profile("skybyte-full"), timebase="compute")
-    with LiveDriver(rundir / "plugin.ring", controller, record=Path("run.trace")):
+    with LiveDriver(rundir / "plugin.ring", controller, record=Path("run.trace")) as driver:
         ...  # the guest runs; the driver's thread serves its requests
     # leaving the block drains what is left, closes the trace, detaches
+    driver.server.results  # one dict per ROI, modelled time first
 
-Request times are the vCPU's instruction count x the plugin's ``insn_ps``
-(stalls not included), hence the ``compute`` timebase: the controller adds the
-stall it charged each vCPU. That is provisional: the modelled clock with the
-firmware's stalls fed back to the plugin is the next step of issue 4.
+Request times are the vCPU's local clock (instructions x ``insn_ps`` plus DRAM
+stalls, kept by the plugin), hence the ``compute`` timebase: the controller adds
+the device stall it charged each vCPU, which closes the loop (a slow device
+delays every later request of that vCPU). ``firmware serve`` runs this driver as
+the platform's firmware process.
 
 The driver runs in a thread of the platform's process. numpy and the
 controller's inner loops release the GIL only in places, so it competes with
@@ -28,19 +31,21 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from cxlssd.firmware.controller import Controller
+from cxlssd.firmware.stream import StreamServer
 from cxlssd.firmware.trace import TraceWriter
+from cxlssd.lifecycle import Lifecycle
 from cxlssd.platform.plugin.ring import RequestRing, RingError
 
 DEFAULT_CHUNK_RECORDS = 1 << 16
 IDLE_SLEEP_S = 0.0005
 
 
-class LiveDriver:
+class LiveDriver(Lifecycle):
     """Drain the plugin's ring into ``controller`` in a background thread.
 
     ``start()``/``stop()`` (or use it as a context manager). ``stop()`` drains
@@ -55,9 +60,12 @@ class LiveDriver:
         record: Path | None = None,
         metadata: dict[str, Any] | None = None,
         chunk_records: int = DEFAULT_CHUNK_RECORDS,
+        cpu_counters: Callable[[int], dict[str, int] | None] | None = None,
+        on_clock: Callable[[int, int, int], None] | None = None,
     ) -> None:
         self.ring_path = Path(ring_path)
         self.controller = controller
+        self.server = StreamServer(controller, cpu_counters, on_clock)
         self.record = record
         self.metadata = metadata or {}
         self.chunk_records = chunk_records
@@ -75,18 +83,12 @@ class LiveDriver:
 
     # -- lifecycle -------------------------------------------------------------------
 
-    def __enter__(self) -> LiveDriver:
+    def _begin(self) -> None:
         self.start()
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _end(self, error: BaseException | None) -> None:
         # On an exception in the block, still stop cleanly, but let that one propagate.
-        self.stop(raise_errors=exc is None)
+        self.stop(raise_errors=error is None)
 
     def start(self) -> None:
         """Attach to the ring and start serving in a daemon thread."""
@@ -136,7 +138,7 @@ class LiveDriver:
         n = int(chunk.shape[0])
         if n:
             began = time.perf_counter()
-            self.controller.process(chunk)
+            self.server.serve(chunk)
             if self._writer is not None:
                 self._writer.write(chunk)
             ring.release(n)

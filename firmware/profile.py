@@ -21,6 +21,7 @@ import yaml
 from cxlssd.errors import ConfigError
 from cxlssd.firmware.registry import suggest
 from cxlssd.firmware.request import LINES_PER_PAGE, PAGE_BYTES
+from cxlssd.yamlfile import read_yaml
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 BASE_PROFILE = "base-cssd"
@@ -59,12 +60,7 @@ def available_profiles() -> list[str]:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as error:
-        raise ConfigError(f"cannot read profile {path}: {error.strerror}") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"profile {path} is not valid YAML: {error}") from None
+    data = read_yaml(path, "profile")
     if not isinstance(data, dict):
         raise ConfigError(f"profile {path} must be a mapping of keys to values")
     return data

@@ -15,57 +15,17 @@ import numpy as np
 
 from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.profile import Profile, load_profile
-from cxlssd.firmware.request import Source
+from cxlssd.firmware.stream import StreamServer
 from cxlssd.firmware.synth import SynthSpec, generate
 from cxlssd.firmware.trace import TraceReader
 
-# latency histogram: log-spaced bucket edges from 1 ns to 100 s (for percentiles)
-_EDGES = np.unique(np.round(np.logspace(0, 11, 441)).astype(np.int64))
-PERCENTILES = (50.0, 90.0, 99.0, 99.9)
-
-
-class LatencyHistogram:
-    """Streaming latency histogram; percentiles are reported as bucket upper edges
-    (within 6 % of the exact value)."""
-
-    def __init__(self) -> None:
-        self.counts = np.zeros(_EDGES.size + 1, dtype=np.int64)
-
-    def add(self, latency_ns: np.ndarray) -> None:
-        self.counts += np.bincount(
-            np.searchsorted(_EDGES, latency_ns, side="left"), minlength=self.counts.size
-        )
-
-    def percentile(self, p: float) -> int:
-        total = int(self.counts.sum())
-        if not total:
-            return 0
-        bucket = int(np.searchsorted(np.cumsum(self.counts), total * p / 100.0))
-        return int(_EDGES[min(bucket, _EDGES.size - 1)])
-
 
 def replay(controller: Controller, chunks: Iterable[np.ndarray]) -> dict[str, Any]:
-    """Serve every chunk; returns counters, stall totals and latency percentiles."""
-    histogram = LatencyHistogram()
-    end_ns = 0
-    for chunk in chunks:
-        out = controller.process(chunk)
-        served = out["source"] != Source.NONE
-        histogram.add(out["latency_ns"][served])
-        if out.shape[0]:
-            end_ns = max(end_ns, int(out["ready_ns"].max()))
-    counters = controller.counter_dict()
-    model = counters["model"]
-    return {
-        "counters": counters,
-        "stalls": {
-            "latency_ns_total": model["latency_ns_total"],
-            "stall_ns_total": model["stall_ns_total"],
-            "long_delay_latency_ns": model["long_delay_latency_ns"],
-            "modelled_end_ns": end_ns,
-        },
-        "latency_percentiles_ns": {f"p{p:g}": histogram.percentile(p) for p in PERCENTILES},
-    }
+    """Serve every chunk; returns counters, stall totals, latency percentiles and
+    the results of the ROIs marked in the stream."""
+    server = StreamServer(controller)
+    server.serve_all(chunks)
+    return server.summary()
 
 
 def replay_file(
@@ -116,6 +76,13 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         lines.append(
             f"write log: {w['appends']} appends, {w['overwrites']} overwrites, "
             f"{w['flushes']} flushes ({w['flushed_pages']} pages), {w['full_stalls']} full stalls"
+        )
+    for roi in result.get("rois", []):
+        model = roi["device"]["model"]
+        lines.append(
+            f"ROI {roi['roi']} (vCPU {roi['vcpu']}): {roi['modelled_ns'] / 1e6:.3f} ms modelled "
+            f"({roi['device_stall_ns'] / 1e6:.3f} ms device stall), {model['reads']} reads, "
+            f"{model['writes']} writes"
         )
     if "migration" in counters:
         m = counters["migration"]

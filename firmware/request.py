@@ -16,7 +16,7 @@ C equivalent of :data:`REQUEST_DTYPE` (24 bytes, no padding)::
         uint16_t vcpu;
         uint16_t size;      /* bytes, 1..64, must not cross a 64 B line */
         uint8_t  op;        /* enum Op */
-        uint8_t  flags;     /* reserved, 0 */
+        uint8_t  flags;     /* FLAG_DIRTY (DEMOTED), FLAG_POSTED (WRITE) */
         uint16_t reserved;  /* 0 */
     };
 """
@@ -43,6 +43,10 @@ class Op(enum.IntEnum):
     PROMOTED = 2
     #: the host finished demoting page ``addr >> 12``; ``flags & 1`` = it was dirty
     DEMOTED = 3
+    #: not a device request: an ROI marker the guest executed, in stream order
+    #: (``flags`` = marker command, ``addr`` = event index << 16 | ROI id). The
+    #: drivers (:mod:`.stream`) take markers out; the controller never sees one.
+    MARKER = 4
 
 
 class Source(enum.IntEnum):
@@ -84,6 +88,9 @@ RESPONSE_DTYPE = np.dtype(
 
 #: Op.DEMOTED flag bit: the demoted page was written while in host DRAM
 FLAG_DIRTY = 1
+#: Op.WRITE flag bit: a posted write (an LLC write-back): its latency occupies
+#: the device but is never charged to the vCPU's clock
+FLAG_POSTED = 2
 
 
 def make_requests(

@@ -22,13 +22,13 @@ import struct
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from cxlssd.errors import InputError
 from cxlssd.firmware.request import REQUEST_DTYPE
+from cxlssd.lifecycle import Lifecycle
 
 MAGIC = b"CXLSSDTR"
 VERSION = 1
@@ -38,7 +38,7 @@ TIMEBASE_CODES = {"issue": 0, "compute": 1}
 DEFAULT_CHUNK_RECORDS = 1 << 16
 
 
-class TraceWriter:
+class TraceWriter(Lifecycle):
     """Write a trace incrementally: ``with TraceWriter(path, meta) as w: w.write(arr)``."""
 
     def __init__(
@@ -85,15 +85,7 @@ class TraceWriter:
         self._file.write(self._header())
         self._file.close()
 
-    def __enter__(self) -> TraceWriter:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _end(self, error: BaseException | None) -> None:
         self.close()
 
 

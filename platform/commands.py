@@ -1,27 +1,24 @@
-"""CLI of the platform: ``guest exec``, ``guest shell`` and ``demo``."""
+"""CLI of the platform: ``guest exec`` and ``guest shell``."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from cxlssd.errors import ConfigError
-from cxlssd.firmware.replay import compare_designs
-from cxlssd.firmware.synth import SynthSpec
-from cxlssd.platform.config import DEFAULT_CONFIG, format_size, load_config
+from cxlssd.firmware.profile import load_profile
+from cxlssd.guest.runtime.install import with_guest_env
+from cxlssd.platform.config import CONFIG_DIR, DEFAULT_CONFIG, load_config, load_multi_config
 from cxlssd.platform.machine import Platform
+from cxlssd.platform.multi import MultiPlatform, live_designs
 
 log = logging.getLogger(__name__)
-
-NUMA_PROBE = Path(__file__).resolve().parents[1] / "guest" / "probes" / "numa_probe.py"
-PROBE_SIZE_MIB = 16
-DEMO_DESIGNS = ("base-cssd", "skybyte-w", "skybyte-p", "skybyte-full", "dram-only")
-# 1 M requests, zipf over 2 GiB: larger than the 448 MiB of SSD DRAM, so designs differ.
-DEMO_TRACE = SynthSpec(pattern="zipf", requests=1_000_000, footprint_bytes=2 << 30)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,9 +28,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run = guest_commands.add_parser(
         "exec",
         help="boot, run a command in the guest, shut down; exits with its status",
-        description="Example: ./cxlssd guest exec -- numactl -H",
+        description="Example: ./cxlssd guest exec -- numactl -H. With --design the firmware "
+        "is attached live and the results of the command's regions of interest are printed "
+        "in modelled time: ./cxlssd guest exec --design skybyte-full -- chase --bytes 64M",
     )
     _add_config_option(run)
+    run.add_argument("--design", help="attach this firmware design live (profile name or .yaml); "
+                     "the command's memory is bound to the CXL node (node 0 for dram-only)")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a profile key of --design, e.g. cache.ways=8")
+    run.add_argument("--record", type=Path, help="with --design: record the device-request stream "
+                     "to this trace (replay it with ./cxlssd replay)")
+    run.add_argument("--results", type=Path, help="with --design: write the full results as JSON")
+    run.add_argument("--no-bind", action="store_true",
+                     help="with --design: do not bind the command's memory (it binds itself)")
     run.add_argument(
         "argv",
         nargs=argparse.REMAINDER,
@@ -47,12 +55,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_config_option(shell)
     shell.set_defaults(handler=guest_shell)
+    _register_side_by_side(subparsers)
 
-    demo = subparsers.add_parser(
-        "demo", help="boot the default platform, show the CXL device and NUMA nodes, probe them"
+
+def _register_side_by_side(subparsers: argparse._SubParsersAction) -> None:
+    both = subparsers.add_parser(
+        "side-by-side",
+        help="start the guests of a multi-guest config together, each with its design attached "
+        "live, run the same command in all of them at once; one table of modelled times",
+        description="Example: ./cxlssd side-by-side --config platform/configs/pair.yaml -- chase --bytes 8M",
     )
-    _add_config_option(demo)
-    demo.set_defaults(handler=run_demo)
+    both.add_argument("--config", type=Path, default=CONFIG_DIR / "pair.yaml",
+                      help="multi-guest config whose guests each name a design (default: pair.yaml)")
+    both.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
+    both.set_defaults(handler=side_by_side)
 
 
 def _add_config_option(parser: argparse.ArgumentParser) -> None:
@@ -68,12 +84,72 @@ def guest_exec(args: argparse.Namespace) -> int:
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
         raise ConfigError("guest exec needs a command, e.g. ./cxlssd guest exec -- numactl -H")
+    if args.design is None and (args.record or args.results or args.overrides or args.no_bind):
+        raise ConfigError("--set, --record, --results and --no-bind need --design NAME")
+    if args.design is not None:
+        load_profile(args.design, args.overrides)  # a bad design fails before the guest boots
     config = load_config(args.config)
     with Platform(config) as platform:
-        status, _, _ = platform.guest().run(
-            argv, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer
-        )
+        if args.design is None:
+            status, _, _ = platform.guest().run(
+                with_guest_env(argv), stdout=sys.stdout.buffer, stderr=sys.stderr.buffer
+            )
+            return status
+        with platform.attach(args.design, args.overrides, args.record) as session:
+            node = 0 if session.dram_only else platform.devices[0].node
+            bound = argv if args.no_bind else ["numactl", f"--membind={node}", *argv]
+            status, _, _ = platform.guest().run(
+                with_guest_env(bound), stdout=sys.stdout.buffer, stderr=sys.stderr.buffer, watch=session.check
+            )
+    results = {**session.results, "command": argv, "exit_status": status, "node": node}
+    for line in roi_lines(results):
+        print(line)
+    if args.results:
+        args.results.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+        print(f"results: {args.results}")
+    if args.record:
+        print(f"trace: {args.record} (./cxlssd replay {args.record} --design NAME)")
     return status
+
+
+def side_by_side(args: argparse.Namespace) -> int:
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not argv:
+        raise ConfigError("side-by-side needs a command, e.g. -- chase --bytes 8M")
+    config = load_multi_config(args.config)
+    live_designs(config)  # every guest names a design: checked before anything boots
+    with MultiPlatform(config) as multi:
+        runs = multi.run_live(argv)
+    print(f"== side by side ({config.name}): {shlex.join(argv)}, modelled time per ROI")
+    print(f"   {'guest':<16} {'design':<14} {'roi':>5} {'modelled ms':>12} {'exit':>5}")
+    for guest, run in runs.items():
+        for roi in run.results.get("rois", []) or [{"roi": "-", "modelled_ns": float("nan")}]:
+            modelled_ms = roi["modelled_ns"] / 1e6
+            print(f"   {guest:<16} {run.design:<14} {roi['roi']:>5} {modelled_ms:>12.3f} {run.status:>5}")
+    return max(run.status for run in runs.values())
+
+
+def roi_lines(results: dict[str, Any]) -> list[str]:
+    """A table of a live run's ROIs, in modelled time."""
+    rois = results.get("rois", [])
+    lines = [f"== design {results['design']}: {len(rois)} regions of interest (modelled time)"]
+    if not rois:
+        lines.append("   no ROI ended: mark one with cxlssd_roi_begin/end (docs/guest-runtime.md)")
+        return lines
+    lines.append(f"   {'roi':>5} {'modelled ms':>12} {'instructions':>14} {'LLC miss DRAM':>14} "
+                 f"{'device reads':>13} {'writes':>9} {'flash reads':>12} {'programs':>9}")
+    for r in rois:
+        cpu = r.get("cpu", {})
+        flash = r["device"].get("flash", {})
+        model = r["device"]["model"]
+        lines.append(
+            f"   {r['roi']:>5} {r['modelled_ns'] / 1e6:>12.3f} {cpu.get('insns', 0):>14,} "
+            f"{cpu.get('llc_misses_dram', 0):>14,} {model['reads']:>13,} {model['writes']:>9,} "
+            f"{flash.get('reads_total', 0):>12,} {flash.get('programs_total', 0):>9,}"
+        )
+    if results.get("unfinished_rois"):
+        lines.append(f"   unfinished (began, never ended): {results['unfinished_rois']}")
+    return lines
 
 
 def guest_shell(args: argparse.Namespace) -> int:
@@ -82,47 +158,3 @@ def guest_shell(args: argparse.Namespace) -> int:
         assert platform.rundir is not None
         argv = platform.guest().interactive_argv(platform.rundir / "known_hosts")
         return subprocess.run(argv).returncode
-
-
-def run_demo(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
-    with Platform(config) as platform:
-        guest = platform.guest()
-        print(
-            f"== platform {platform.name}: {format_size(config.guest.dram_bytes)} DRAM on node 0, "
-            f"boot-to-ready {platform.boot_seconds:.0f} s (emulator wall-clock)"
-        )
-        for device in platform.devices:
-            print(
-                f"   {device.memdev}: {format_size(device.size_bytes)} CXL Type-3, {device.region} "
-                f"at HPA {device.hpa_base:#x}, NUMA node {device.node} (CPU-less)"
-            )
-        print("== cxl list -M -R (in the guest)")
-        guest.run(["cxl", "list", "-M", "-R"], stdout=sys.stdout.buffer, stderr=sys.stderr.buffer)
-        print("== numactl -H (in the guest)")
-        guest.run(["numactl", "-H"], stdout=sys.stdout.buffer, stderr=sys.stderr.buffer)
-        print(
-            f"== {PROBE_SIZE_MIB} MiB probe per node. Emulator wall-clock under TCG: it shows the "
-            "device is really used (CXL accesses take QEMU's MMIO path), it is NOT a result."
-        )
-        probe = NUMA_PROBE.read_bytes()
-        for node in [0, *(d.node for d in platform.devices)]:
-            _, out, _ = guest.run(
-                ["numactl", f"--membind={node}", "python3", "-", str(PROBE_SIZE_MIB)],
-                stdin=probe,
-                check=True,
-            )
-            result = json.loads(out)
-            print(
-                f"   node {node}: sequential read {result['seq_read_mib_per_s']:8.1f} MiB/s, "
-                f"random read {result['random_read_ns']:8.0f} ns/access"
-            )
-    print(f"== firmware model, modelled time: {DEMO_TRACE.requests:,} requests, {DEMO_TRACE.pattern} "
-          f"over {format_size(DEMO_TRACE.footprint_bytes)}, {DEMO_TRACE.write_fraction:.0%} writes "
-          "(replayed; attaching the model live to the guest is the next step)")
-    print(f"   {'design':<14}{'modelled ms':>12}{'speedup':>9}{'of DRAM-only':>14}"
-          f"{'flash reads':>13}{'flash programs':>16}")
-    for row in compare_designs(DEMO_TRACE, DEMO_DESIGNS):
-        print(f"   {row['design']:<14}{row['modelled_ns'] / 1e6:>12.2f}{row['speedup']:>8.2f}x"
-              f"{row['fraction_of_dram_only']:>13.1%}{row['flash_reads']:>13,}{row['flash_programs']:>16,}")
-    return 0

@@ -9,6 +9,11 @@ Example (``platform/configs/default.yaml``)::
       boot_timeout_s: 600
     cxl_devices:
       - size: 1GiB
+    cpu:                  # the modelled CPU (docs/plugin.md, "Modelled clock")
+      frequency_ghz: 3.0
+      cpi: 1.0
+      llc: 2MiB
+      llc_ways: 16
 
 Sizes are strings with a binary unit (``512MiB``, ``1GiB``) or plain byte counts.
 Every key is checked: unknown keys, wrong types and impossible sizes are a
@@ -17,15 +22,16 @@ Every key is checked: unknown keys, wrong types and impossible sizes are a
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import ipaddress
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from cxlssd.errors import ConfigError
+from cxlssd.yamlfile import read_yaml
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
@@ -79,9 +85,26 @@ class GuestConfig:
 
 
 @dataclass(frozen=True)
+class CpuConfig:
+    """The modelled CPU: its clock (instructions x CPI / frequency) and its
+    last-level cache, which the TCG plugin simulates."""
+
+    frequency_ghz: float = 3.0
+    cpi: float = 1.0
+    llc_bytes: int = 2 * MiB
+    llc_ways: int = 16
+
+    @property
+    def insn_ps(self) -> int:
+        """Picoseconds per instruction."""
+        return max(1, round(self.cpi * 1000 / self.frequency_ghz))
+
+
+@dataclass(frozen=True)
 class PlatformConfig:
     name: str = "default"
     guest: GuestConfig = field(default_factory=GuestConfig)
+    cpu: CpuConfig = field(default_factory=CpuConfig)
     cxl_devices: tuple[CxlDeviceConfig, ...] = (CxlDeviceConfig(size_bytes=1 * GiB),)
     source: str = "<built-in>"
 
@@ -138,6 +161,26 @@ def _guest_from(raw: dict[str, Any], where: str) -> GuestConfig:
     )
 
 
+def _cpu_from(raw: dict[str, Any], where: str) -> CpuConfig:
+    defaults = CpuConfig()
+    _check_keys(raw, {"frequency_ghz", "cpi", "llc", "llc_ways"}, where)
+    llc_bytes = parse_size(raw["llc"], f"{where}.llc") if "llc" in raw else defaults.llc_bytes
+    ways = _positive_number(raw.get("llc_ways", defaults.llc_ways), f"{where}.llc_ways", int)
+    sets, rest = divmod(llc_bytes, 64 * ways)
+    if ways > 64 or rest or sets & (sets - 1) or not sets:
+        raise ConfigError(
+            f"{where}: an LLC of {format_size(llc_bytes)} with {ways} ways does not have a power-of-2 "
+            "number of 64-byte-line sets (ways 1..64); e.g. llc: 2MiB, llc_ways: 16"
+        )
+    return CpuConfig(
+        frequency_ghz=_positive_number(raw.get("frequency_ghz", defaults.frequency_ghz),
+                                       f"{where}.frequency_ghz", float),
+        cpi=_positive_number(raw.get("cpi", defaults.cpi), f"{where}.cpi", float),
+        llc_bytes=llc_bytes,
+        llc_ways=ways,
+    )
+
+
 def _device_from(raw: object, where: str) -> CxlDeviceConfig:
     device = _mapping(raw, where)
     _check_keys(device, {"size"}, where)
@@ -154,13 +197,9 @@ def _device_from(raw: object, where: str) -> CxlDeviceConfig:
 
 def config_from_dict(raw: object, source: str = "<dict>") -> PlatformConfig:
     """Validate a parsed YAML document and build the configuration."""
-    top = _mapping(raw, source)
+    top = _single_guest_part(_mapping(raw, source), source)
     _check_keys(top, {f.name for f in fields(PlatformConfig)} - {"source"}, source)
-    name = top.get("name", PlatformConfig.name)
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise ConfigError(
-            f"{source}: name {name!r} must be 1-32 letters, digits, '-' or '_' (it names the instance)"
-        )
+    name = _checked_name(top.get("name", PlatformConfig.name), source)
     devices_raw = top.get("cxl_devices", [{"size": "1GiB"}])
     if not isinstance(devices_raw, list) or not devices_raw:
         raise ConfigError(f"{source}: cxl_devices must be a non-empty list, e.g. [{{size: 1GiB}}]")
@@ -169,6 +208,7 @@ def config_from_dict(raw: object, source: str = "<dict>") -> PlatformConfig:
     return PlatformConfig(
         name=name,
         guest=_guest_from(_mapping(top.get("guest"), f"{source}: guest"), f"{source}: guest"),
+        cpu=_cpu_from(_mapping(top.get("cpu"), f"{source}: cpu"), f"{source}: cpu"),
         cxl_devices=tuple(
             _device_from(d, f"{source}: cxl_devices[{i}]") for i, d in enumerate(devices_raw)
         ),
@@ -179,16 +219,246 @@ def config_from_dict(raw: object, source: str = "<dict>") -> PlatformConfig:
 def load_config(path: Path | None = None) -> PlatformConfig:
     """Read and validate a platform configuration file (the default one if ``path`` is None)."""
     path = path or DEFAULT_CONFIG
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise ConfigError(f"cannot read platform config {path}: {error.strerror}") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
+    return config_from_dict(read_yaml(path, "platform config"), str(path))
+
+
+# -- networking and multi-guest platforms (docs/network.md) ---------------------------
+
+# Every guest has QEMU's user-mode NIC (SSH forwarded on 127.0.0.1); the guest image
+# configures it statically as 10.0.2.15 in this subnet.
+USER_NET_SUBNET = ipaddress.IPv4Network("10.0.2.0/24")
+DEFAULT_BRIDGE_SUBNET = ipaddress.IPv4Network("10.77.0.0/24")
+NETWORK_MODES = ("user", "bridge")
+# A bridge subnet must be private (RFC 1918): the guests' default route is the
+# user-mode NIC, which a public subnet on the bridge would shadow.
+PRIVATE_RANGES = tuple(
+    ipaddress.IPv4Network(r) for r in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
+)
+# At most /8 (a guest's bridge MAC is derived from the last 3 bytes of its address),
+# at least /30 (the bridge's address and one guest).
+BRIDGE_PREFIX_RANGE = (8, 30)
+_GUEST_ONLY_KEYS = {"design", "address"}
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """How the guests of a platform are networked. ``user``: each guest has only
+    QEMU's user-mode NIC. ``bridge``: each guest also has a NIC on a bridge in a
+    network namespace the platform creates (guests reach each other; nothing leaves)."""
+
+    mode: str = "user"
+    subnet: ipaddress.IPv4Network = DEFAULT_BRIDGE_SUBNET
+
+    @property
+    def bridge_address(self) -> ipaddress.IPv4Interface:
+        """The bridge's own address: the subnet's first host."""
+        return ipaddress.IPv4Interface((next(self.subnet.hosts()), self.subnet.prefixlen))
+
+
+@dataclass(frozen=True)
+class GuestSpec:
+    """One guest of a (multi-guest) platform: its machine, its firmware design (None:
+    not chosen) and its address on the bridge (None unless the network is a bridge)."""
+
+    platform: PlatformConfig
+    design: str | None = None
+    address: ipaddress.IPv4Interface | None = None
+
+    @property
+    def name(self) -> str:
+        return self.platform.name
+
+
+@dataclass(frozen=True)
+class MultiPlatformConfig:
+    """Guests started together on one network (``cxlssd.platform.multi.MultiPlatform``)."""
+
+    name: str
+    network: NetworkConfig
+    guests: tuple[GuestSpec, ...]
+    source: str
+
+    @property
+    def platforms(self) -> tuple[PlatformConfig, ...]:
+        return tuple(g.platform for g in self.guests)
+
+
+def _checked_name(name: object, where: str) -> str:
+    if not isinstance(name, str) or not _NAME_RE.match(name):
         raise ConfigError(
-            f"{path}: malformed YAML{where}: {getattr(error, 'problem', error)}"
-        ) from None
-    return config_from_dict(raw, str(path))
+            f"{where}: name {name!r} must be 1-32 letters, digits, '-' or '_' (it names the instance)"
+        )
+    return name
+
+
+def _single_guest_part(top: dict[str, Any], source: str) -> dict[str, Any]:
+    """The keys :func:`config_from_dict` reads: a file with ``guests:`` or a bridge
+    network needs the multi-guest loader; a ``network: {mode: user}`` is the default."""
+    if "guests" in top or _network_from(top.get("network"), f"{source}: network").mode != "user":
+        what = "several guests" if "guests" in top else "a bridge network"
+        raise ConfigError(
+            f"{source}: declares {what}; start it with MultiPlatform(load_multi_config(path)) "
+            "from cxlssd.platform.multi (docs/network.md)"
+        )
+    return {key: value for key, value in top.items() if key != "network"}
+
+
+def _subnet_from(value: object, key: str) -> ipaddress.IPv4Network:
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: expected an IPv4 subnet like 10.77.0.0/24, got {value!r}")
+    try:
+        subnet = ipaddress.IPv4Network(value, strict=True)
+    except ValueError as error:
+        fix = ""
+        with contextlib.suppress(ValueError):
+            fix = f"; did you mean {ipaddress.IPv4Network(value, strict=False)}?"
+        raise ConfigError(f"{key}: {value!r} is not an IPv4 subnet ({error}){fix}") from None
+    low, high = BRIDGE_PREFIX_RANGE
+    if not low <= subnet.prefixlen <= high:
+        raise ConfigError(f"{key}: {subnet} must have a prefix length from /{low} to /{high}")
+    if not any(subnet.subnet_of(r) for r in PRIVATE_RANGES):
+        raise ConfigError(
+            f"{key}: {subnet} is not a private range ({', '.join(map(str, PRIVATE_RANGES))}); "
+            "a public one would shadow real addresses in the guests"
+        )
+    if subnet.overlaps(USER_NET_SUBNET):
+        raise ConfigError(
+            f"{key}: {subnet} overlaps {USER_NET_SUBNET}, the user-mode network every guest also "
+            "has (its SSH forward); choose another subnet, e.g. 10.77.0.0/24"
+        )
+    return subnet
+
+
+def _network_from(raw: object, where: str) -> NetworkConfig:
+    section = _mapping(raw, where)
+    _check_keys(section, {"mode", "subnet"}, where)
+    mode = section.get("mode", NetworkConfig.mode)
+    if mode not in NETWORK_MODES:
+        raise ConfigError(f"{where}.mode: {mode!r} is not one of {', '.join(NETWORK_MODES)}")
+    if "subnet" in section and mode != "bridge":
+        raise ConfigError(f"{where}.subnet: only a bridge network has a subnet (set mode: bridge)")
+    subnet = (
+        _subnet_from(section["subnet"], f"{where}.subnet")
+        if "subnet" in section
+        else DEFAULT_BRIDGE_SUBNET
+    )
+    return NetworkConfig(mode=mode, subnet=subnet)
+
+
+def _design_from(value: object, key: str) -> str | None:
+    if value is None:
+        return None
+    # Imported here: the firmware package is not needed to boot a guest.
+    from cxlssd.firmware.profile import available_profiles
+    from cxlssd.firmware.registry import suggest
+
+    designs = available_profiles()
+    if value not in designs:
+        raise ConfigError(
+            f"{key}: unknown design {value!r}{suggest(str(value), designs)}; "
+            f"choose one of: {', '.join(designs)}"
+        )
+    return str(value)
+
+
+def _address_from(value: object, network: NetworkConfig, key: str) -> ipaddress.IPv4Address:
+    """A guest's explicit bridge address: a host of the subnet other than the bridge's."""
+    if network.mode != "bridge":
+        raise ConfigError(f"{key}: only guests on a bridge network have an address (network.mode)")
+    try:
+        address = ipaddress.IPv4Interface(str(value))
+    except ValueError:
+        raise ConfigError(f"{key}: {value!r} is not an IPv4 address") from None
+    subnet = network.subnet
+    if "/" in str(value) and address.network != subnet:
+        raise ConfigError(f"{key}: {value} is not on the bridge subnet {subnet} (or drop the prefix)")
+    if address.ip not in subnet or address.ip in (subnet.network_address, subnet.broadcast_address):
+        raise ConfigError(f"{key}: {address.ip} is not a host address of the bridge subnet {subnet}")
+    if address.ip == network.bridge_address.ip:
+        raise ConfigError(f"{key}: {address.ip} is the bridge's own address; choose another")
+    return address.ip
+
+
+def _assign_addresses(
+    network: NetworkConfig, explicit: list[ipaddress.IPv4Address | None], where: str
+) -> list[ipaddress.IPv4Interface | None]:
+    """Bridge addresses: explicit ones as given (unique), the others the subnet's
+    free hosts in order after the bridge's."""
+    if network.mode != "bridge":
+        return [None] * len(explicit)
+    taken = {network.bridge_address.ip}
+    for index, address in enumerate(explicit):
+        if address is not None and address in taken:
+            raise ConfigError(f"{where}: guests[{index}].address {address} is already taken")
+        if address is not None:
+            taken.add(address)
+    free = (host for host in network.subnet.hosts() if host not in taken)
+    assigned: list[ipaddress.IPv4Interface | None] = []
+    for address in explicit:
+        chosen = address if address is not None else next(free, None)
+        if chosen is None:
+            raise ConfigError(
+                f"{where}: network.subnet {network.subnet} has no room for {len(explicit)} guests "
+                "and the bridge; use a larger subnet"
+            )
+        assigned.append(ipaddress.IPv4Interface((chosen, network.subnet.prefixlen)))
+    return assigned
+
+
+def multi_config_from_dict(raw: object, source: str = "<dict>") -> MultiPlatformConfig:
+    """Validate a platform document in either form: one guest (the keys of
+    :func:`config_from_dict`) or several (``guests:``), each with an optional
+    ``network:`` section. Everything is checked before anything starts."""
+    top = _mapping(raw, source)
+    network = _network_from(top.get("network"), f"{source}: network")
+    if "guests" not in top:
+        single = config_from_dict({k: v for k, v in top.items() if k != "network"}, source)
+        return MultiPlatformConfig(
+            name=single.name,
+            network=network,
+            guests=(GuestSpec(single, None, _assign_addresses(network, [None], source)[0]),),
+            source=source,
+        )
+    _check_keys(top, {"name", "network", "guests"}, source)
+    name = _checked_name(top.get("name", PlatformConfig.name), source)
+    entries = top["guests"]
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(
+            f"{source}: guests must be a non-empty list, e.g. [{{name: a}}, {{name: b}}]"
+        )
+    platform_keys = {f.name for f in fields(PlatformConfig)} - {"source"}
+    platforms, designs, explicit = [], [], []
+    first_index: dict[str, int] = {}
+    for index, raw_entry in enumerate(entries):
+        where = f"{source}: guests[{index}]"
+        entry = _mapping(raw_entry, where)
+        _check_keys(entry, platform_keys | _GUEST_ONLY_KEYS, where)
+        if "name" not in entry:
+            raise ConfigError(f"{where}: missing 'name' (each guest needs its own, e.g. name: dram-only)")
+        platform = config_from_dict(
+            {k: v for k, v in entry.items() if k not in _GUEST_ONLY_KEYS}, where
+        )
+        if platform.name in first_index:
+            raise ConfigError(
+                f"{where}: guest name '{platform.name}' is also used by "
+                f"guests[{first_index[platform.name]}]; guest names must be unique"
+            )
+        first_index[platform.name] = index
+        platforms.append(platform)
+        designs.append(_design_from(entry.get("design"), f"{where}.design"))
+        explicit.append(
+            _address_from(entry["address"], network, f"{where}.address") if "address" in entry else None
+        )
+    addresses = _assign_addresses(network, explicit, source)
+    return MultiPlatformConfig(
+        name=name,
+        network=network,
+        guests=tuple(map(GuestSpec, platforms, designs, addresses)),
+        source=source,
+    )
+
+
+def load_multi_config(path: Path | None = None) -> MultiPlatformConfig:
+    """Read and validate a platform file of either form (the default one if ``path`` is None)."""
+    path = path or DEFAULT_CONFIG
+    return multi_config_from_dict(read_yaml(path, "platform config"), str(path))

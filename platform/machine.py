@@ -5,6 +5,10 @@ guest ready (CXL regions onlined as CPU-less NUMA nodes), ``shutdown()`` stops
 everything and removes the runtime directory (sockets, keys, device backing
 files); the context manager does both, also on errors and Ctrl-C. An instance
 whose owner died without cleaning up is reaped by the next launch.
+
+QEMU runs with the cxlssd TCG plugin loaded dormant (``plugin=False`` leaves
+it out); once the CXL regions are up their windows are published to it, and
+:meth:`Platform.attach` attaches a firmware design for a run (``live.py``).
 """
 
 from __future__ import annotations
@@ -23,15 +27,23 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 import paramiko
 from qemu.qmp.legacy import QEMUMonitorProtocol
 
-from cxlssd.errors import GuestError, PrerequisiteError
+from cxlssd.errors import FirmwareError, GuestError, PrerequisiteError
 from cxlssd.guest.image import GuestImage, ensure_image
+from cxlssd.guest.runtime.build import ensure_runtime
+from cxlssd.guest.runtime.install import install_runtime
+from cxlssd.lifecycle import Lifecycle
 from cxlssd.paths import cache_dir, runtime_root
 from cxlssd.platform.config import PlatformConfig, format_size
+from cxlssd.platform.kvm import probe_kvm
+from cxlssd.platform.live import LiveSession
+from cxlssd.platform.plugin.build import ensure_plugin
+from cxlssd.platform.plugin.counters import PluginCounters
+from cxlssd.platform.plugin.pv import PAGE_BYTES as PV_PAGE_BYTES
+from cxlssd.platform.plugin.pv import create_page
 from cxlssd.platform.qemu import LaunchFiles, QemuBinary, check_qemu, qemu_argv
 from cxlssd.platform.ssh import GuestSSH, InstanceKeys, wait_for_banner
 
@@ -43,7 +55,34 @@ FIRST_CXL_BUS, CXL_BUS_STRIDE = 12, 8
 SHUTDOWN_TIMEOUT_S = 15.0
 SERIAL_TAIL_LINES = 25
 KEEP_LOG_DIRS = 20
+# A runtime dir without owner.pid younger than this is being created, not stale.
+OWNERLESS_GRACE_S = 60.0
 PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class PluginFiles:
+    """The plugin's shared files in the instance's runtime dir, and its JSON at exit."""
+
+    counters: Path
+    ring: Path
+    pv: Path
+    report: Path
+
+    def qemu_args(self, config: PlatformConfig) -> list[str]:
+        """The plugin, and the guest's view of the paravirtual clock page (an
+        ivshmem BAR backed by the same file the plugin and the firmware map)."""
+        cpu = config.cpu
+        options = [
+            str(ensure_plugin()), f"shm={self.counters}", f"ring={self.ring}", f"pv={self.pv}",
+            f"out={self.report}", "mode=dormant", f"llc={cpu.llc_bytes}", f"llc_ways={cpu.llc_ways}",
+            f"insn_ps={cpu.insn_ps}",
+        ]
+        return [
+            "-plugin", ",".join(options),
+            "-object", f"memory-backend-file,id=cxlssd-pv,share=on,mem-path={self.pv},size={PV_PAGE_BYTES}",
+            "-device", "ivshmem-plain,memdev=cxlssd-pv,bus=pcie.0",
+        ]
 
 
 @dataclass(frozen=True)
@@ -66,7 +105,7 @@ class CxlDevice:
         return hpa - self.hpa_base + self.dpa_base
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Runs in QEMU's child before exec: SIGKILL QEMU if the platform process dies."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -83,12 +122,32 @@ def pid_file_alive(pid_file: Path) -> bool:
     """Whether the process whose pid ``pid_file`` holds is alive (False if the file
     is missing or garbled). Shared by stale-instance reaping and ``inject``."""
     try:
-        os.kill(int(pid_file.read_text()), 0)
-    except PermissionError:  # exists, owned by someone else
-        return True
+        pid = int(pid_file.read_text())
     except (OSError, ValueError):
         return False
+    return pid_alive(pid)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (also when another user owns it). Shared with
+    the reaping of stale network namespaces (``network.py``)."""
+    try:
+        os.kill(pid, 0)
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except OSError:
+        return False
     return True
+
+
+def _being_created(rundir: Path) -> bool:
+    """A runtime dir another launch has just made and not yet stamped with its owner
+    (e.g. the guests of a ``MultiPlatform``, which boot concurrently): not stale."""
+    try:
+        age_s = time.time() - rundir.stat().st_mtime
+    except OSError:
+        return False
+    return not (rundir / "owner.pid").exists() and age_s < OWNERLESS_GRACE_S
 
 
 def reap_stale_instances() -> list[str]:
@@ -96,7 +155,7 @@ def reap_stale_instances() -> list[str]:
     killing their QEMU if it survived. Returns the names reaped."""
     reaped = []
     for rundir in runtime_root().iterdir():
-        if pid_file_alive(rundir / "owner.pid"):
+        if pid_file_alive(rundir / "owner.pid") or _being_created(rundir):
             continue
         with contextlib.suppress(OSError, ValueError, ProcessLookupError):
             os.kill(int((rundir / "qemu.pid").read_text()), signal.SIGKILL)
@@ -105,38 +164,49 @@ def reap_stale_instances() -> list[str]:
     return reaped
 
 
-def check_host_capacity(config: PlatformConfig, shm_dir: Path) -> None:
+def check_host_capacity(configs: PlatformConfig | Sequence[PlatformConfig], shm_dir: Path) -> None:
     """Refuse a platform the host cannot back: guest DRAM + CXL memory in RAM,
-    the CXL backing files on tmpfs."""
+    the CXL backing files on tmpfs. Several configs: guests started together,
+    which must all fit at once (``MultiPlatform``)."""
+    group = [configs] if isinstance(configs, PlatformConfig) else list(configs)
+    what = (
+        group[0].source if len(group) == 1
+        else f"{len(group)} guests together ({', '.join(c.name for c in group)})"
+    )
+    cxl_total = sum(c.cxl_total_bytes for c in group)
     stat = os.statvfs(shm_dir)
     shm_free = stat.f_bavail * stat.f_frsize
-    if config.cxl_total_bytes > shm_free:
+    if cxl_total > shm_free:
         raise PrerequisiteError(
-            f"{config.source}: the CXL devices need {format_size(config.cxl_total_bytes)} of "
+            f"{what}: the CXL devices need {format_size(cxl_total)} of "
             f"backing files but {shm_dir} has {shm_free >> 20} MiB free; use smaller cxl_devices sizes"
         )
     meminfo = Path("/proc/meminfo").read_text()
     available = (
         int(next(x for x in meminfo.splitlines() if x.startswith("MemAvailable")).split()[1]) << 10
     )
-    need = config.guest.dram_bytes + config.cxl_total_bytes
+    need = sum(c.guest.dram_bytes for c in group) + cxl_total
     if need > available:
         raise PrerequisiteError(
-            f"{config.source}: guest DRAM + CXL memory is {format_size(need)} but the host has only "
+            f"{what}: guest DRAM + CXL memory is {format_size(need)} but the host has only "
             f"{available >> 20} MiB available; reduce guest.dram or cxl_devices sizes"
         )
 
 
-class Platform:
+class Platform(Lifecycle):
     """One QEMU guest with CXL Type-3 devices, ready for commands over SSH."""
 
     def __init__(
         self, config: PlatformConfig, image: GuestImage | None = None,
-        extra_qemu_args: Sequence[str] = (),
+        extra_qemu_args: Sequence[str] = (), plugin: bool = True,
+        pass_fds: Sequence[int] = (),
     ) -> None:
         self.config = config
+        self.plugin = plugin
         # Appended to QEMU's command line (e.g. ``-plugin``); an argv list, never a shell string.
         self.extra_qemu_args = list(extra_qemu_args)
+        # Descriptors QEMU inherits, named in extra_qemu_args (a tap: ``-netdev tap,fd=N``).
+        self.pass_fds = tuple(pass_fds)
         self.name = f"{config.name}-{secrets.token_hex(3)}"
         self._image = image
         self.rundir: Path | None = None
@@ -149,20 +219,16 @@ class Platform:
         self._qmp: QEMUMonitorProtocol | None = None
         self._keys: InstanceKeys | None = None
         self._files: LaunchFiles | None = None
+        self._plugin_files: PluginFiles | None = None
+        self._counters: PluginCounters | None = None
         self.ssh_port = 0
 
     # -- lifecycle -----------------------------------------------------------------
 
-    def __enter__(self) -> Platform:
+    def _begin(self) -> None:
         self.launch()
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _end(self, error: BaseException | None) -> None:
         self.shutdown()
 
     def launch(self) -> None:
@@ -170,16 +236,21 @@ class Platform:
         On any failure (or Ctrl-C) everything started so far is stopped."""
         qemu = check_qemu()
         image = self._image or ensure_image()
+        runtime = ensure_runtime()  # built before booting: a compiler error costs no boot
         root = runtime_root()
         # Reap first: a dead instance's backing files would count against the capacity.
         for name in reap_stale_instances():
             log.info("removed the leftovers of instance %s (its owner had died)", name)
         check_host_capacity(self.config, root)
+        log.info("%s", probe_kvm().notice())
         try:
             self._start(qemu, image, root)
             started = time.monotonic()
             self._wait_until_ready(started)
             self.devices = self._setup_cxl()
+            self._publish_windows()
+            assert self.ssh is not None
+            install_runtime(self.ssh, runtime)
             self._write_instance_file()  # now with what the guest made of each device
             self.boot_seconds = time.monotonic() - started
             log.info(
@@ -211,6 +282,14 @@ class Platform:
         self._files = files
         self.ssh_port = _free_port()
         argv = [*qemu_argv(qemu, self.config, files, self.ssh_port), *self.extra_qemu_args]
+        if self.plugin:
+            # Paths go into QEMU's comma-separated plugin options: the runtime root has no commas.
+            self._plugin_files = PluginFiles(
+                rundir / "plugin.counters", rundir / "plugin.ring", rundir / "plugin.pv",
+                self.log_dir / "plugin.json",
+            )
+            create_page(self._plugin_files.pv)
+            argv += self._plugin_files.qemu_args(self.config)
         log.debug("QEMU: %s", argv)
         self._write_instance_file()
         with open(self.log_dir / "qemu.log", "wb") as qemu_log:
@@ -220,7 +299,8 @@ class Platform:
                 stdout=qemu_log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
+                pass_fds=self.pass_fds,
             )
         (rundir / "qemu.pid").write_text(str(self._process.pid))
         log.info(
@@ -260,10 +340,13 @@ class Platform:
         staging.replace(self.rundir / "instance.json")
 
     def _check_alive(self) -> None:
-        if self._process is not None and self._process.poll() is not None:
+        process = self._process
+        if process is None:  # shutdown() ran meanwhile (another thread: MultiPlatform)
+            raise GuestError(f"guest {self.name} was shut down while booting")
+        if process.poll() is not None:
             qemu_out = (self.log_dir / "qemu.log").read_text(errors="replace").strip()
             raise GuestError(
-                f"QEMU exited with status {self._process.returncode} while booting: "
+                f"QEMU exited with status {process.returncode} while booting: "
                 f"{qemu_out[-1500:] or '(no output)'}\n{self.serial_tail()}"
             )
 
@@ -319,8 +402,21 @@ class Platform:
             )
         return devices
 
+    def _publish_windows(self) -> None:
+        """Tell the plugin where the guest put each device (its region's HPA range)."""
+        if self._plugin_files is None:
+            return
+        counters = PluginCounters(self._plugin_files.counters)
+        counters.open()
+        self._counters = counters
+        for device in self.devices:
+            counters.publish_window(device.hpa_base, device.size_bytes, device.dpa_base)
+
     def shutdown(self) -> None:
         """Stop QEMU and remove the runtime directory. Safe to call more than once."""
+        if self._counters is not None:
+            self._counters.close()
+            self._counters = None
         if self.ssh is not None:
             self.ssh.close()
             self.ssh = None
@@ -357,6 +453,22 @@ class Platform:
         if self.ssh is None:
             raise GuestError(f"instance {self.name} is not running")
         return self.ssh
+
+    def plugin_files(self) -> PluginFiles:
+        if self._plugin_files is None:
+            raise FirmwareError(f"instance {self.name} runs without the TCG plugin: nothing to attach to")
+        return self._plugin_files
+
+    def plugin_counters(self) -> PluginCounters:
+        """The plugin's shared counters (mapped once the guest is ready)."""
+        if self._counters is None:
+            raise FirmwareError(f"instance {self.name} has no plugin counters (no plugin, or not ready)")
+        return self._counters
+
+    def attach(self, design: str, overrides: Sequence[str] = (), record: Path | None = None) -> LiveSession:
+        """A live firmware session for ``design`` (a context manager; see ``live.py``)."""
+        self.plugin_files()
+        return LiveSession(self, design, overrides, record)
 
     def serial_tail(self, lines: int = SERIAL_TAIL_LINES) -> str:
         try:

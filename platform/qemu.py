@@ -137,3 +137,19 @@ def qemu_argv(
         windows.append(f"cxl-fmw.{index}.targets.0=cxl.{index},cxl-fmw.{index}.size={size}")
     # QEMU takes all fixed memory windows in one -M option ("used inconsistently" otherwise).
     return [*argv, "-M", ",".join(windows)]
+
+
+# fw_cfg file telling the guest its bridge NIC (``guest/net_setup.py``): "mac=M address=A/P".
+BRIDGE_FW_CFG = "opt/cxlssd/bridge"
+
+
+def bridge_nic_argv(tap_fd: int, mac: str, address: str) -> list[str]:
+    """A second NIC on the platform's bridge: QEMU uses the tap already open as
+    ``tap_fd`` (opened inside the platform's network namespace, inherited by QEMU,
+    which itself stays in the host namespace for its 127.0.0.1 SSH forward). The
+    guest learns its address like its keys, through fw_cfg."""
+    return [
+        "-netdev", f"tap,id=bridge0,fd={tap_fd}",
+        "-device", f"virtio-net-pci,netdev=bridge0,mac={mac},bus=pcie.0",
+        "-fw_cfg", f"name={BRIDGE_FW_CFG},string=mac={mac} address={address}",
+    ]

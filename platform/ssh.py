@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import posixpath
 import shlex
 import socket
+import stat
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -17,6 +21,8 @@ import paramiko
 from cxlssd.errors import GuestError
 
 log = logging.getLogger(__name__)
+
+WATCH_INTERVAL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -98,9 +104,14 @@ class GuestSSH:
         stdout: BinaryIO | None = None,
         stderr: BinaryIO | None = None,
         check: bool = False,
+        watch: Callable[[], None] | None = None,
     ) -> tuple[int, bytes, bytes]:
         """Run ``argv`` in the guest. Output is streamed to ``stdout``/``stderr`` when
-        given, else captured and returned. Returns (exit status, stdout, stderr)."""
+        given, else captured and returned. Returns (exit status, stdout, stderr).
+
+        ``watch`` is called about every 0.1 s while the command runs; if it raises
+        (the firmware died, say), the command's channel is closed and the error
+        propagates."""
         command = shlex.join(argv)
         transport = self._client.get_transport()
         if transport is None or not transport.is_active():
@@ -111,7 +122,15 @@ class GuestSSH:
             channel.sendall(stdin)
         channel.shutdown_write()
         out, err = bytearray(), bytearray()
+        next_watch = time.monotonic() + WATCH_INTERVAL_S
         while True:
+            if watch is not None and time.monotonic() >= next_watch:
+                next_watch = time.monotonic() + WATCH_INTERVAL_S
+                try:
+                    watch()
+                except BaseException:
+                    channel.close()
+                    raise
             got_out = _drain(channel.recv_ready, channel.recv, stdout, out)
             got_err = _drain(channel.recv_stderr_ready, channel.recv_stderr, stderr, err)
             if not (got_out or got_err):
@@ -137,6 +156,26 @@ class GuestSSH:
         channel = transport.open_session()
         channel.exec_command(shlex.join(argv))
         return channel
+
+    def put_tree(self, local: Path, remote: str) -> None:
+        """Copy the directory ``local`` into the guest as ``remote`` (an absolute path) over
+        SFTP, merging with what is there: directories are created, files keep their
+        permission bits. Each file is written under a temporary name and renamed over
+        the old one, so a reader never sees a partial file and a running binary is
+        never overwritten in place."""
+        transport = self._client.get_transport()
+        if transport is None or not transport.is_active():
+            raise GuestError("the SSH connection to the guest is closed")
+        try:
+            sftp = self._client.open_sftp()
+        except paramiko.SSHException as error:
+            raise GuestError(f"cannot open an SFTP session to the guest: {error}") from None
+        try:
+            _put_tree(sftp, local, remote)
+        except OSError as error:
+            raise GuestError(f"copying {local} to the guest's {remote} failed: {error}") from None
+        finally:
+            sftp.close()
 
     def interactive_argv(self, known_hosts: Path) -> list[str]:
         """An ``ssh`` command line for a shell in the guest (append a command to run
@@ -177,3 +216,39 @@ def _drain(
         stream.write(chunk)
         stream.flush()
     return True
+
+
+def _put_tree(sftp: paramiko.SFTPClient, local: Path, remote: str) -> None:
+    _make_remote_dirs(sftp, remote, stat.S_IMODE(local.stat().st_mode))
+    for entry in sorted(local.iterdir()):
+        target = posixpath.join(remote, entry.name)
+        mode = stat.S_IMODE(entry.stat().st_mode)
+        if entry.is_dir():
+            _put_tree(sftp, entry, target)
+        elif entry.is_file():
+            partial = posixpath.join(remote, f".{entry.name}.{os.getpid()}.tmp")
+            try:
+                sftp.put(str(entry), partial)
+                sftp.chmod(partial, mode)
+                sftp.posix_rename(partial, target)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    sftp.remove(partial)
+                raise
+        else:
+            raise OSError(f"{entry} is neither a regular file nor a directory")
+
+
+def _make_remote_dirs(sftp: paramiko.SFTPClient, remote: str, mode: int) -> None:
+    """``mkdir -p remote`` (the directories it creates get ``mode``)."""
+    try:
+        if not stat.S_ISDIR(sftp.stat(remote).st_mode or 0):
+            raise OSError(f"{remote} exists in the guest and is not a directory")
+        return
+    except FileNotFoundError:
+        pass
+    parent = posixpath.dirname(remote)
+    if parent != remote:
+        _make_remote_dirs(sftp, parent, mode)
+    sftp.mkdir(remote, mode)
+    sftp.chmod(remote, mode)  # mkdir's mode is masked by the server's umask

@@ -31,14 +31,31 @@ def platform_processes() -> list[str]:
     return [line for line in found.stdout.splitlines() if "pgrep" not in line]
 
 
+def platform_namespaces(owner_pid: int | None = None) -> list[str]:
+    """Network namespaces of the platform (``platform/network.py``) owned by this test
+    process (or ``owner_pid``), found where ``ip netns`` keeps them."""
+    prefix = f"cxlssd-{os.getuid()}-{owner_pid or os.getpid()}-"
+    netns_dir = Path("/run/netns")
+    names = [p.name for p in netns_dir.iterdir()] if netns_dir.is_dir() else []
+    return sorted(name for name in names if name.startswith(prefix))
+
+
 def leftovers(allowed: set[str]) -> list[str]:
     entries = {p.name for p in RUNTIME.iterdir()} if RUNTIME.exists() else set()
     stray = [f"runtime dir {name}" for name in sorted(entries - allowed)]
     processes = [p for p in platform_processes() if not any(name in p for name in allowed)]
-    return stray + [f"process {p}" for p in processes]
+    namespaces = [n for n in platform_namespaces() if not any(name in n for name in allowed)]
+    return stray + [f"process {p}" for p in processes] + [f"network namespace {n}" for n in namespaces]
 
 
 _live_instances: set[str] = set()
+
+
+@pytest.fixture(scope="session")
+def live_instances() -> set[str]:
+    """Names a longer-lived fixture adds while its instances (or network namespace)
+    run, and removes after stopping them: the leak check allows them meanwhile."""
+    return _live_instances
 
 
 @pytest.fixture(autouse=True)

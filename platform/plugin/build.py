@@ -3,29 +3,24 @@
 The plugin is compiled against the project's own declarations of the QEMU
 plugin API (``qemu_plugin_api.h``), not QEMU's header (no Debian package ships
 it). The output goes to ``cache_dir()/plugin/<hash>/libcxlssd.so`` where the
-hash covers the sources and the compiler flags, so a changed source or flag
-builds a new plugin and an unchanged one is reused without running gcc (a
-cached plugin needs no compiler).
+hash covers the sources and the compiler flags (:mod:`cxlssd.cbuild`), so a
+changed source or flag builds a new plugin and an unchanged one is reused
+without running gcc (a cached plugin needs no compiler).
 """
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
-from cxlssd.errors import PrerequisiteError
+from cxlssd.cbuild import cached_build, compile_c, compiler_name, content_hash, find_compiler
 from cxlssd.paths import cache_dir
-
-log = logging.getLogger(__name__)
 
 PLUGIN_DIR = Path(__file__).resolve().parent
 SOURCES = (PLUGIN_DIR / "cxlssd_plugin.c", PLUGIN_DIR / "qemu_plugin_api.h")
 MAIN_SOURCE = SOURCES[0]
 LIBRARY_NAME = "libcxlssd.so"
+CACHE_KIND = "plugin"
+PURPOSE = "the TCG plugin"
 CFLAGS = (
     "-O2",
     "-shared",
@@ -38,27 +33,16 @@ CFLAGS = (
     "-fvisibility=hidden",
     "-pthread",
 )
-COMPILE_TIMEOUT_S = 120
-
-
-def _compiler() -> str:
-    return os.environ.get("CXLSSD_CC", "gcc")
 
 
 def source_hash() -> str:
     """A digest of everything that determines the built plugin: sources and flags."""
-    digest = hashlib.sha256()
-    for source in SOURCES:
-        digest.update(source.name.encode() + b"\0")
-        digest.update(source.read_bytes())
-        digest.update(b"\0")
-    digest.update("\0".join((_compiler(), *CFLAGS)).encode())
-    return digest.hexdigest()[:16]
+    return content_hash(SOURCES, (compiler_name(), *CFLAGS))
 
 
 def plugin_path() -> Path:
     """Where the plugin for the current sources lives (built or not)."""
-    return cache_dir() / "plugin" / source_hash() / LIBRARY_NAME
+    return cache_dir() / CACHE_KIND / source_hash() / LIBRARY_NAME
 
 
 def ensure_plugin() -> Path:
@@ -66,32 +50,9 @@ def ensure_plugin() -> Path:
 
     Raises :class:`PrerequisiteError` if the compiler is missing or fails
     (with the compiler's message)."""
-    target = plugin_path()
-    if target.is_file():
-        return target
-    compiler = shutil.which(_compiler())
-    if compiler is None:
-        raise PrerequisiteError(
-            f"C compiler {_compiler()!r} not found, needed to build the TCG plugin; "
-            "install gcc (./cxlssd setup does) or set CXLSSD_CC"
-        )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Build next to the target and rename: concurrent builders never see a partial file.
-    partial = target.with_name(f".{LIBRARY_NAME}.{os.getpid()}.tmp")
-    argv = [compiler, *CFLAGS, "-o", str(partial), str(MAIN_SOURCE)]
-    log.info("building the TCG plugin: %s", " ".join(argv))
-    try:
-        result = subprocess.run(
-            argv, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, stdin=subprocess.DEVNULL
-        )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        partial.unlink(missing_ok=True)
-        raise PrerequisiteError(f"cannot run {compiler} to build the TCG plugin: {error}") from None
-    if result.returncode != 0:
-        partial.unlink(missing_ok=True)
-        message = (result.stderr or result.stdout).strip()
-        raise PrerequisiteError(
-            f"building the TCG plugin failed ({compiler} exited with {result.returncode}):\n{message}"
-        )
-    os.replace(partial, target)
-    return target
+
+    def compile_into(tree: Path) -> None:
+        output = tree / LIBRARY_NAME
+        compile_c([find_compiler(PURPOSE), *CFLAGS, "-o", str(output), str(MAIN_SOURCE)], PURPOSE)
+
+    return cached_build(CACHE_KIND, source_hash(), compile_into) / LIBRARY_NAME

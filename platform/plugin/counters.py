@@ -2,9 +2,11 @@
 
 The plugin (``shm=PATH``) keeps its counters in a small file of fixed layout
 (``cxlssd_plugin.c`` and docs/plugin.md): a 128-byte header, a table of 8
-64-byte window slots, then one 128-byte slot per vCPU (instructions, accesses,
-the LLC model's hits/misses/write-backs split DRAM vs CXL, device requests). This module maps that file and
-reads it with numpy while the guest runs::
+64-byte window slots, one 128-byte slot per vCPU (instructions, accesses, the
+LLC model's hits/misses/write-backs split DRAM vs CXL, device requests, the
+local modelled clock), then the ROI event table. This module maps that file,
+reads it with numpy while the guest runs, and writes the platform's requests
+into it (windows, the plugin's mode, the clock parameters)::
 
     with PluginCounters(rundir / "plugin.counters") as counters:
         counters.publish_window(device.hpa_base, device.size_bytes, device.dpa_base)
@@ -23,21 +25,25 @@ import mmap
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
-from types import TracebackType
 
 import numpy as np
 
 from cxlssd.errors import InputError
+from cxlssd.lifecycle import Lifecycle
 from cxlssd.platform.plugin.shared_file import map_when_ready
 
 MAGIC = int.from_bytes(b"CXLSSDPC", "little")
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 HEADER_BYTES = 128
 SLOT_BYTES = 64
 VCPU_SLOT_BYTES = 128
 LINE_BYTES = 64
 STATE_RUNNING, STATE_EXITED = 1, 2
 WINDOW_REJECTED, WINDOW_ACCEPTED = 1, 2
+MODE_DORMANT, MODE_ACTIVE = 0, 1
+ROI_EVENT_BYTES = 128
+#: marker commands (guest/runtime/cxlssd.h)
+CMD_ROI_BEGIN, CMD_ROI_END = 1, 2
 
 # Header fields: (name, byte offset, numpy type).
 _HEADER = {
@@ -56,6 +62,14 @@ _HEADER = {
     "llc_ways": (60, np.uint32),
     "llc_bytes": (64, np.uint64),
     "insn_ps": (72, np.uint64),
+    "requested_mode": (80, np.uint32),
+    "mode": (84, np.uint32),
+    "dram_ps": (88, np.uint64),
+    "roi_offset": (96, np.uint32),
+    "roi_slots": (100, np.uint32),
+    "roi_events": (104, np.uint64),
+    "activations": (112, np.uint32),
+    "markers_ignored": (116, np.uint32),
 }
 # Fields of a window slot and of a vCPU slot, in order, each a u64.
 WINDOW_FIELDS = ("base", "size", "loads", "stores", "lines_touched", "flags", "dpa_base")
@@ -74,6 +88,7 @@ VCPU_FIELDS = (
     "device_reads",
     "device_writes",
     "device_dropped",
+    "local_ps",
 )
 _U64_PER_SLOT = SLOT_BYTES // 8
 _U64_PER_VCPU = VCPU_SLOT_BYTES // 8
@@ -100,6 +115,7 @@ class VcpuCounters:
     device_reads: int = 0
     device_writes: int = 0
     device_dropped: int = 0
+    local_ps: int = 0  # the local modelled clock: instructions x insn_ps + DRAM stalls
 
     def __sub__(self, other: VcpuCounters) -> VcpuCounters:
         return VcpuCounters(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(self)))
@@ -129,6 +145,18 @@ class WindowCounters:
             self.rejected,
             self.dpa_base,
         )
+
+
+@dataclass(frozen=True)
+class RoiEvent:
+    """A marker the guest executed while the plugin was active: which ROI, on
+    which vCPU, the vCPU's local clock and its counters at that instant."""
+
+    index: int
+    cmd: int  # CMD_ROI_BEGIN or CMD_ROI_END
+    roi: int
+    vcpu: int
+    counters: VcpuCounters
 
 
 @dataclass(frozen=True)
@@ -173,7 +201,7 @@ class CounterSnapshot:
         )
 
 
-class PluginCounters:
+class PluginCounters(Lifecycle):
     """The plugin's shared counters file, mapped read-write (publishing windows
     writes to it). Use as a context manager or call :meth:`open`/:meth:`close`."""
 
@@ -189,17 +217,13 @@ class PluginCounters:
         self.insn_ps = 0
         self._window_u64 = 0
         self._vcpu_u64 = 0
+        self._roi_u64 = 0
+        self.roi_slots = 0
 
-    def __enter__(self) -> PluginCounters:
+    def _begin(self) -> None:
         self.open()
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _end(self, error: BaseException | None) -> None:
         self.close()
 
     def open(self, timeout_s: float = 10.0) -> None:
@@ -222,6 +246,10 @@ class PluginCounters:
             problem = "header does not match the file size"
         elif header["window_offset"] % SLOT_BYTES or header["vcpu_offset"] % SLOT_BYTES:
             problem = "misaligned tables"
+        elif header["roi_offset"] % 8 or header["roi_offset"] + header["roi_slots"] * ROI_EVENT_BYTES > len(
+            mapped
+        ):
+            problem = "the ROI table does not fit the file"
         elif header["vcpu_slot_bytes"] != VCPU_SLOT_BYTES:
             problem = f"vCPU slots of {header['vcpu_slot_bytes']} bytes"
         if problem is not None:
@@ -238,6 +266,8 @@ class PluginCounters:
         self.insn_ps = header["insn_ps"]
         self._window_u64 = header["window_offset"] // 8
         self._vcpu_u64 = header["vcpu_offset"] // 8
+        self._roi_u64 = header["roi_offset"] // 8
+        self.roi_slots = header["roi_slots"]
 
     def close(self) -> None:
         """Unmap the file (the file itself belongs to the instance's runtime dir)."""
@@ -329,3 +359,70 @@ class PluginCounters:
                     "(is the guest running?)"
                 )
             time.sleep(0.01)
+
+    # -- header fields the platform reads and writes ------------------------------------
+
+    def _u32_field(self, name: str) -> int:
+        u32, _ = self._arrays()
+        return int(u32[_HEADER[name][0] // 4])
+
+    def _u64_field(self, name: str) -> int:
+        _, u64 = self._arrays()
+        return int(u64[_HEADER[name][0] // 8])
+
+    @property
+    def active(self) -> bool:
+        """Whether the plugin is in its active mode (LLC model, device requests, clock)."""
+        return self._u32_field("mode") == MODE_ACTIVE
+
+    @property
+    def activations(self) -> int:
+        return self._u32_field("activations")
+
+    @property
+    def markers_ignored(self) -> int:
+        """ROI markers the guest executed while the plugin was dormant."""
+        return self._u32_field("markers_ignored")
+
+    def set_clock(self, insn_ps: int, dram_ps: int) -> None:
+        """Set the clock parameters the plugin takes at its next activation."""
+        if not 0 < insn_ps <= 10**9 or not 0 <= dram_ps <= 10**9:
+            raise ValueError(f"insn_ps {insn_ps} must be 1..1e9 and dram_ps {dram_ps} 0..1e9 (picoseconds)")
+        _, u64 = self._arrays()
+        u64[_HEADER["insn_ps"][0] // 8] = insn_ps
+        u64[_HEADER["dram_ps"][0] // 8] = dram_ps
+
+    def set_mode(self, active: bool, wait_s: float = 60.0) -> None:
+        """Ask the plugin to switch mode and wait until it has. The switch
+        happens when a vCPU next translates code or idles (a running guest
+        does both constantly); the plugin then flushes QEMU's translated code."""
+        u32, _ = self._arrays()
+        u32[_HEADER["requested_mode"][0] // 4] = MODE_ACTIVE if active else MODE_DORMANT
+        deadline = time.monotonic() + wait_s
+        while self.active != active:
+            if self._u32_field("state") == STATE_EXITED:
+                raise TimeoutError("the plugin exited (QEMU stopped) before switching mode")
+            if time.monotonic() >= deadline:
+                state = "active" if active else "dormant"
+                raise TimeoutError(f"the plugin did not become {state} within {wait_s:.0f} s")
+            time.sleep(0.01)
+
+    @property
+    def roi_event_count(self) -> int:
+        """ROI events recorded so far (events past the table's slots are counted, not kept)."""
+        return self._u64_field("roi_events")
+
+    def roi_events(self, start: int = 0) -> list[RoiEvent]:
+        """The recorded ROI events from index ``start`` on (those still in the table)."""
+        _, u64 = self._arrays()
+        end = min(self.roi_event_count, self.roi_slots)
+        per_event = ROI_EVENT_BYTES // 8
+        rows = u64[self._roi_u64 + start * per_event : self._roi_u64 + end * per_event].copy()
+        events = []
+        for k, row in enumerate(rows.reshape(-1, per_event)):
+            code = int(row[0]) & 0xFFFFFFFF
+            vcpu = (int(row[0]) >> 32) & 0xFFFF
+            values = dict(zip(VCPU_FIELDS[:-1], (int(x) for x in row[2:]), strict=False))
+            counters = VcpuCounters(**values, local_ps=int(row[1]))
+            events.append(RoiEvent(start + k, code >> 16, code & 0xFFFF, vcpu, counters))
+        return events

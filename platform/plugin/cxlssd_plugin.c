@@ -16,7 +16,21 @@
  *   - keeps the counters in a shared-memory file (shm=PATH) that the platform
  *     reads while the guest runs, and into which it publishes the CXL windows
  *     (with their DPA base) once the guest has committed its regions;
- *   - writes the counters as JSON at exit (out=PATH).
+ *   - writes the counters as JSON at exit (out=PATH);
+ *   - keeps a local modelled clock per vCPU: instructions x insn_ps plus the
+ *     DRAM read latency of every LLC miss outside the windows; device requests
+ *     carry it, and the firmware adds the device's stalls (docs/plugin.md);
+ *   - recognises ROI markers (an 8-byte NOP, guest/runtime/cxlssd.h) and
+ *     snapshots the vCPU's counters into an ROI event table, with a marker
+ *     record in the ring so the firmware sees it in stream order;
+ *   - answers the guest's clock reads (marker cmd 3): it queues the marker,
+ *     waits until the firmware has served everything before it and written
+ *     the vCPU's modelled clock into the paravirtual page (pv=PATH, an
+ *     ivshmem BAR in the guest), and only then lets the guest read it;
+ *   - starts dormant with mode=dormant: only instructions and markers are
+ *     watched (boot runs at nearly plain-TCG speed) until the platform asks
+ *     for the active mode through the shared header; switching flushes QEMU's
+ *     translated code (qemu_plugin_reset) so every block is instrumented anew.
  *
  * Arguments (QEMU: -plugin libcxlssd.so,ARG=VALUE,...):
  *   out=PATH            JSON counters written at exit (atomically: PATH.tmp, rename)
@@ -30,12 +44,20 @@
  *   ring_records=N      ring capacity in records, a power of 2 (default 65536)
  *   ring_timeout_ms=N   how long a full ring may stall the guest before the
  *                       plugin gives up on the consumer (default 5000)
- *   insn_ps=N           picoseconds per guest instruction for request times
- *                       (default 333: 3 GHz at CPI 1; provisional, see docs/plugin.md)
+ *   insn_ps=N           picoseconds per guest instruction (default 333: 3 GHz at CPI 1)
+ *   dram_ps=N           picoseconds of an LLC miss to DRAM (default 46000)
+ *   mode=active|dormant start mode (default active)
+ *   pv=PATH             the paravirtual clock page: an existing file of at least
+ *                       4096 bytes (also the guest's ivshmem memdev); the plugin
+ *                       writes its header, the firmware the clocks. Layout: header
+ *                       (64 bytes: u64 magic "CXLSSDPV", u32 version 1, u32 slots,
+ *                       u32 slot offset 64, u32 slot bytes 64), then per vCPU
+ *                       {u64 clock_ns, u64 seq}: the answer to the vCPU's seq-th
+ *                       clock read (clock 0: no firmware attached)
  * Any other argument, a malformed value or a repeated key makes loading fail
  * with a message on stderr (QEMU then refuses to start).
  *
- * Shared counters layout, version 2 (all little-endian, fixed offsets; docs/plugin.md):
+ * Shared counters layout, version 3 (all little-endian, fixed offsets; docs/plugin.md):
  *   header, 128 bytes at offset 0:
  *     0  u64 magic "CXLSSDPC" (written last: the file is ready when it is there)
  *     8  u32 layout version (2)         12 u32 header bytes (128)
@@ -45,7 +67,14 @@
  *    40  u64 file bytes                 48 u64 QEMU pid
  *    56  u32 vCPU slot bytes (128)      60 u32 LLC ways
  *    64  u64 LLC bytes                  72 u64 ps per instruction
- *    80.. reserved
+ *    80  u32 requested mode (platform)  84 u32 mode (plugin): 0 dormant, 1 active
+ *    88  u64 ps per DRAM miss           96 u32 offset of the ROI table
+ *   100  u32 ROI slots                 104 u64 ROI events recorded (beyond the
+ *        slots they are counted, not kept)
+ *   112  u32 activations               116 u32 markers ignored (dormant)
+ *   120  reserved
+ * The platform may rewrite insn_ps and dram_ps while dormant; the plugin reads
+ * them when it activates.
  *   window slot i, 64 bytes at window_offset + 64 i:
  *     0 base  8 size  16 loads  24 stores  32 lines touched
  *     40 flags: 0 published, 2 accepted (counting), 1 rejected (message on stderr)
@@ -55,6 +84,10 @@
  *     40 LLC hits DRAM  48 LLC hits CXL  56 LLC misses DRAM  64 LLC misses CXL
  *     72 write-backs DRAM  80 write-backs CXL
  *     88 device reads  96 device writes  104 device requests dropped
+ *    112 local clock (ps): instructions x insn_ps + DRAM miss stalls, while active
+ *   ROI event i, 128 bytes at roi_offset + 128 i:
+ *     0 u32 marker code (cmd << 16 | id)  4 u16 vCPU  6 u16 reserved
+ *     8 u64 local clock (ps)  16.. the vCPU's 14 counters above (insns .. dropped)
  * A publisher (the platform) fills slot n's base, size and DPA, THEN stores
  * n + 1 into the published count; the plugin picks new windows up on the next
  * access. Every counter is monotonic and written with single aligned 64-bit
@@ -74,7 +107,10 @@
  *       1 attached, 2 detached   144 u64 consumer pid     (consumer's cache line)
  *   256 records: capacity x 24 bytes, record k at 256 + 24 (k mod capacity):
  *       u64 time_ns, u64 DPA, u16 vcpu, u16 size (64), u8 op (0 read, 1 write),
- *       u8 flags (0), u16 reserved (0)  == cxlssd.firmware.request.REQUEST_DTYPE
+ *       u8 flags (2 = posted, on write-backs), u16 reserved (0)
+ *       == cxlssd.firmware.request.REQUEST_DTYPE; time_ns = the local clock.
+ *       A marker record has op 4, flags = cmd, size 0 and
+ *       addr = ROI event index << 16 | ROI id.
  * The producer writes a record, then stores head + 1 (release); the consumer
  * reads records [tail, head), then stores the new tail (release). Requests are
  * only queued while a consumer is attached; otherwise they are counted as
@@ -104,7 +140,7 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_version = CXLSSD_QEMU_PLUGIN_API_VERSION;
 
 #define MAGIC 0x43504453534c5843ULL      /* "CXLSSDPC" read as little-endian bytes */
 #define RING_MAGIC 0x51524453534c5843ULL /* "CXLSSDRQ" */
-#define LAYOUT_VERSION 2u
+#define LAYOUT_VERSION 3u
 #define RING_VERSION 1u
 #define MAX_WINDOWS 8u
 #define SLOT_BYTES 64u
@@ -126,6 +162,23 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_version = CXLSSD_QEMU_PLUGIN_API_VERSION;
 #define WINDOW_ACCEPTED 2u
 #define OP_READ 0u
 #define OP_WRITE 1u
+#define OP_MARKER 4u
+#define FLAG_POSTED 2u
+#define MODE_DORMANT 0u
+#define MODE_ACTIVE 1u
+/* Marker: nopl disp32(%rax,%rax,1) = 0f 1f 84 00 + disp32, disp32 = 0xC5 << 24 | cmd << 16 | id. */
+#define MARKER_BYTES 8u
+#define MARKER_MAGIC 0xC5u
+#define CMD_ROI_BEGIN 1u
+#define CMD_ROI_END 2u
+#define CMD_CLOCK 3u
+#define PV_MAGIC 0x56504453534c5843ULL /* "CXLSSDPV" */
+#define PV_VERSION 1u
+#define PV_HEADER_BYTES 64u
+#define PV_SLOT_BYTES 64u
+#define PV_MIN_BYTES 4096u
+#define ROI_SLOTS 4096u
+#define ROI_EVENT_BYTES 128u
 
 #define DEFAULT_LLC_BYTES (2ULL << 20)
 #define DEFAULT_LLC_WAYS 16u
@@ -133,6 +186,8 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_version = CXLSSD_QEMU_PLUGIN_API_VERSION;
 #define DEFAULT_RING_RECORDS 65536ULL
 #define DEFAULT_RING_TIMEOUT_MS 5000ULL
 #define DEFAULT_INSN_PS 333ULL
+#define DEFAULT_DRAM_PS 46000ULL
+#define MAX_CLOCK_PS 1000000000ULL /* 1 ms per instruction or miss: surely a mistake */
 
 struct header {
     uint64_t magic;
@@ -143,7 +198,12 @@ struct header {
     uint64_t file_bytes, qemu_pid;
     uint32_t vcpu_slot_bytes, llc_ways;
     uint64_t llc_bytes, insn_ps;
-    uint64_t reserved[6];
+    uint32_t requested_mode, mode;
+    uint64_t dram_ps;
+    uint32_t roi_offset, roi_slots;
+    uint64_t roi_events;
+    uint32_t activations, markers_ignored;
+    uint64_t reserved;
 };
 
 struct window_slot {
@@ -156,7 +216,27 @@ struct vcpu_slot {
     uint64_t insns, mem_accesses, io_accesses, cxl_loads, cxl_stores;
     uint64_t llc_hits[2], llc_misses[2], writebacks[2]; /* [0] DRAM, [1] CXL */
     uint64_t dev_reads, dev_writes, dev_dropped;
-    uint64_t reserved[2];
+    uint64_t local_ps;
+    uint64_t reserved;
+};
+
+#define N_VCPU_COUNTERS 14 /* insns .. dev_dropped: what the JSON and ROI events hold */
+
+struct pv_header {
+    uint64_t magic;
+    uint32_t version, slots, slot_offset, slot_bytes;
+    uint64_t reserved[5];
+};
+
+struct pv_slot {
+    uint64_t clock_ns, seq, reserved[6];
+};
+
+struct roi_event {
+    uint32_t code;
+    uint16_t vcpu, reserved;
+    uint64_t local_ps;
+    uint64_t counters[N_VCPU_COUNTERS];
 };
 
 struct ring_header {
@@ -188,6 +268,12 @@ _Static_assert(sizeof(struct ring_header) == RING_HEADER_BYTES, "ring header lay
 _Static_assert(offsetof(struct ring_header, head) == 64, "ring head offset");
 _Static_assert(offsetof(struct ring_header, tail) == 128, "ring tail offset");
 _Static_assert(sizeof(struct request) == 24, "request record = REQUEST_DTYPE");
+_Static_assert(sizeof(struct roi_event) == ROI_EVENT_BYTES, "ROI event layout");
+_Static_assert(sizeof(struct pv_header) == PV_HEADER_BYTES, "pv header layout");
+_Static_assert(sizeof(struct pv_slot) == PV_SLOT_BYTES, "pv slot layout");
+_Static_assert(offsetof(struct header, requested_mode) == 80, "header: mode request");
+_Static_assert(offsetof(struct header, roi_events) == 104, "header: ROI events");
+_Static_assert(offsetof(struct vcpu_slot, local_ps) == 8 * N_VCPU_COUNTERS, "vCPU slot: clock after counters");
 
 /* The plugin's private copy of a window, read on the hot path. */
 struct window {
@@ -202,7 +288,12 @@ static struct {
     struct header *hdr;
     struct window_slot *wslots;
     struct vcpu_slot *vslots;
+    struct roi_event *roi;
     unsigned int n_vslots;
+    uint64_t *last_insns; /* per vCPU: instructions already on its local clock */
+    struct pv_slot *pv;   /* the paravirtual clock page's slots (NULL without pv=) */
+    unsigned int n_pv;
+    uint64_t *clock_seq;  /* per vCPU: clock reads so far */
 
     /* Windows taken over from the table; only grows, under `lock`. The hot
      * path reads `n_known` (acquire) and then windows[0 .. n_known). */
@@ -227,8 +318,13 @@ static struct {
     struct ring_header *ring;
     struct request *records;
     uint64_t ring_mask, ring_head; /* private copy of head (single producer) */
-    uint64_t timeout_ns, insn_ps;
+    uint64_t timeout_ns, insn_ps, dram_ps;
     int ring_given_up;
+
+    /* Mode: `active` changes only inside the reset callback (all vCPUs stopped). */
+    qemu_plugin_id_t id;
+    int active;
+    int switching; /* a reset is under way */
 
     struct qemu_plugin_scoreboard *insn_board;
     qemu_plugin_u64 insns;
@@ -344,6 +440,18 @@ static void touch_lines(struct window *w, uint64_t offset, unsigned int bytes)
     }
 }
 
+/* ---- local modelled clock ------------------------------------------------- */
+
+/* Bring vCPU's local clock up to `insns` instructions and return it (ps).
+ * Only its own vCPU thread writes a slot's clock. */
+static inline uint64_t clock_at(unsigned int vcpu, struct vcpu_slot *s, uint64_t insns)
+{
+    uint64_t t = s->local_ps + (insns - P.last_insns[vcpu]) * P.insn_ps;
+    P.last_insns[vcpu] = insns;
+    STORE_RELAXED(&s->local_ps, t);
+    return t;
+}
+
 /* ---- device-request ring --------------------------------------------------- */
 
 static uint64_t now_ns(void)
@@ -364,6 +472,29 @@ static void give_up(uint32_t why)
     fprintf(stderr, "cxlssd plugin: %s; device requests are dropped from now on\n", causes[why]);
 }
 
+/* One step of waiting for the consumer: sleep a little (two cores are shared
+ * with it: sleep rather than spin) and, every 64 steps, check it is still
+ * there and progressing. Returns 1 after giving up on it. */
+static int consumer_lost(uint64_t start, uint64_t spins)
+{
+    struct ring_header *r = P.ring;
+    struct timespec pause = {0, 20000};
+    nanosleep(&pause, NULL);
+    if ((spins & 63) == 0) {
+        uint64_t pid = LOAD_RELAXED(&r->consumer_pid);
+        if (LOAD_RELAXED(&r->consumer_state) != CONSUMER_ATTACHED ||
+            (pid != 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH)) {
+            give_up(RING_CONSUMER_GONE);
+            return 1;
+        }
+        if (now_ns() - start > P.timeout_ns) {
+            give_up(RING_CONSUMER_STALLED);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* Wait until the ring has room for one record. Returns 0 when it does, or
  * gives up on the consumer (never to wait again) and returns -1. */
 static int ring_wait(void)
@@ -381,54 +512,61 @@ static int ring_wait(void)
             __builtin_ia32_pause();
             continue;
         }
-        /* Two cores shared with the consumer: sleep rather than spin. */
-        struct timespec pause = {0, 20000};
-        nanosleep(&pause, NULL);
-        if ((spins & 63) == 0) {
-            uint64_t pid = LOAD_RELAXED(&r->consumer_pid);
-            if (LOAD_RELAXED(&r->consumer_state) != CONSUMER_ATTACHED ||
-                (pid != 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH)) {
-                give_up(RING_CONSUMER_GONE);
-                break;
-            }
-            if (now_ns() - start > P.timeout_ns) {
-                give_up(RING_CONSUMER_STALLED);
-                break;
-            }
+        if (consumer_lost(start, spins)) {
+            break;
         }
     }
     __atomic_fetch_add(&r->wait_ns, now_ns() - start, __ATOMIC_RELAXED);
     return -1;
 }
 
+/* A free ring slot for one record, or NULL (the record is dropped: no
+ * consumer, or it was given up on). */
+static struct request *ring_slot(void)
+{
+    struct ring_header *r = P.ring;
+    if (P.ring_given_up || LOAD_RELAXED(&r->consumer_state) != CONSUMER_ATTACHED ||
+        (P.ring_head - __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE) > P.ring_mask && ring_wait() != 0)) {
+        __atomic_fetch_add(&r->dropped, 1, __ATOMIC_RELAXED);
+        return NULL;
+    }
+    return &P.records[P.ring_head & P.ring_mask];
+}
+
+static void ring_publish(struct request *rec, uint64_t time_ps, uint64_t addr, unsigned int vcpu, uint16_t size,
+                         uint8_t op, uint8_t flags)
+{
+    rec->time_ns = time_ps / 1000u;
+    rec->addr = addr;
+    rec->vcpu = (uint16_t)vcpu;
+    rec->size = size;
+    rec->op = op;
+    rec->flags = flags;
+    rec->reserved = 0;
+    P.ring_head++;
+    __atomic_store_n(&P.ring->head, P.ring_head, __ATOMIC_RELEASE);
+}
+
+/* A read is issued at the vCPU's local clock; the firmware adds its latency
+ * to the vCPU's stall. A write-back is posted: it never stalls the vCPU. */
 static void device_request(unsigned int vcpu, struct vcpu_slot *s, const struct window *w, uint64_t line,
-                           uint8_t op)
+                           uint8_t op, uint64_t now_ps)
 {
     if (op == OP_READ) {
         BUMP(&s->dev_reads);
     } else {
         BUMP(&s->dev_writes);
     }
-    struct ring_header *r = P.ring;
-    if (r == NULL) {
+    if (P.ring == NULL) {
         return; /* counting only */
     }
-    if (P.ring_given_up || LOAD_RELAXED(&r->consumer_state) != CONSUMER_ATTACHED ||
-        (P.ring_head - __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE) > P.ring_mask && ring_wait() != 0)) {
+    struct request *rec = ring_slot();
+    if (rec == NULL) {
         BUMP(&s->dev_dropped);
-        __atomic_fetch_add(&r->dropped, 1, __ATOMIC_RELAXED);
         return;
     }
-    struct request *rec = &P.records[P.ring_head & P.ring_mask];
-    rec->time_ns = qemu_plugin_u64_get(P.insns, vcpu) * P.insn_ps / 1000u;
-    rec->addr = (line << LINE_SHIFT) - w->base + w->dpa_base;
-    rec->vcpu = (uint16_t)vcpu;
-    rec->size = LINE_BYTES;
-    rec->op = op;
-    rec->flags = 0;
-    rec->reserved = 0;
-    P.ring_head++;
-    __atomic_store_n(&r->head, P.ring_head, __ATOMIC_RELEASE);
+    ring_publish(rec, now_ps, (line << LINE_SHIFT) - w->base + w->dpa_base, vcpu, LINE_BYTES, op,
+                 op == OP_WRITE ? FLAG_POSTED : 0);
 }
 
 /* ---- LLC ------------------------------------------------------------------- */
@@ -436,7 +574,7 @@ static void device_request(unsigned int vcpu, struct vcpu_slot *s, const struct 
 /* One access to one line: LRU lookup, fill on a miss, write-back of a dirty
  * victim. Caller holds the spinlock if vCPUs share the cache. */
 static void llc_access(unsigned int vcpu, struct vcpu_slot *s, uint64_t line, int store, struct window *w,
-                       uint32_t known)
+                       uint32_t known, uint64_t insns)
 {
     const uint64_t key = (line + 1) << 1;
     const uint32_t ways = P.llc_ways;
@@ -461,15 +599,18 @@ static void llc_access(unsigned int vcpu, struct vcpu_slot *s, uint64_t line, in
     memmove(set + 1, set, (ways - 1) * sizeof *set);
     set[0] = key | (uint64_t)store;
     BUMP(&s->llc_misses[cxl]);
+    uint64_t now_ps = clock_at(vcpu, s, insns);
     if (w != NULL) {
-        device_request(vcpu, s, w, line, OP_READ); /* fill (read for ownership on a store) */
+        device_request(vcpu, s, w, line, OP_READ, now_ps); /* fill (read for ownership on a store) */
+    } else {
+        STORE_RELAXED(&s->local_ps, now_ps + P.dram_ps); /* blocking read from DRAM */
     }
     if (victim & 1) {
         uint64_t vline = (victim >> 1) - 1;
         struct window *vw = find_window(vline << LINE_SHIFT, known);
         BUMP(&s->writebacks[vw != NULL]);
         if (vw != NULL) {
-            device_request(vcpu, s, vw, vline, OP_WRITE);
+            device_request(vcpu, s, vw, vline, OP_WRITE, now_ps);
         }
     }
 }
@@ -504,7 +645,8 @@ static void on_mem(unsigned int vcpu, qemu_plugin_meminfo_t info, uint64_t vaddr
     BUMP(&s->mem_accesses);
     /* Keeps the live instruction count current for readers of the shm file:
      * the scoreboard (inline adds) lives in QEMU's memory, not in the file. */
-    STORE_RELAXED(&s->insns, qemu_plugin_u64_get(P.insns, vcpu));
+    const uint64_t insns = qemu_plugin_u64_get(P.insns, vcpu);
+    STORE_RELAXED(&s->insns, insns);
 
     struct qemu_plugin_hwaddr *hw = qemu_plugin_get_hwaddr(info, vaddr);
     if (__builtin_expect(hw == NULL, 0)) {
@@ -545,17 +687,20 @@ static void on_mem(unsigned int vcpu, qemu_plugin_meminfo_t info, uint64_t vaddr
         llc_lock();
     }
     if (P.llc != NULL) {
-        llc_access(vcpu, s, line, store, w, known);
+        llc_access(vcpu, s, line, store, w, known, insns);
         if (__builtin_expect(last != line, 0)) {
-            llc_access(vcpu, s, last, store, find_window(last << LINE_SHIFT, known), known);
+            llc_access(vcpu, s, last, store, find_window(last << LINE_SHIFT, known), known, insns);
         }
     } else {
         /* No LLC: every access is a miss, and a store is a posted write. */
         for (uint64_t l = line; l <= last; l++) {
             struct window *lw = l == line ? w : find_window(l << LINE_SHIFT, known);
+            uint64_t now_ps = clock_at(vcpu, s, insns);
             BUMP(&s->llc_misses[lw != NULL]);
             if (lw != NULL) {
-                device_request(vcpu, s, lw, l, store ? OP_WRITE : OP_READ);
+                device_request(vcpu, s, lw, l, store ? OP_WRITE : OP_READ, now_ps);
+            } else if (!store) {
+                STORE_RELAXED(&s->local_ps, now_ps + P.dram_ps);
             }
         }
     }
@@ -564,18 +709,179 @@ static void on_mem(unsigned int vcpu, qemu_plugin_meminfo_t info, uint64_t vaddr
     }
 }
 
+/* ---- markers and modes --------------------------------------------------- */
+
+/* The marker code (cmd << 16 | id) of a marker instruction, or 0. */
+static uint32_t marker_code(const struct qemu_plugin_insn *insn)
+{
+    uint8_t b[MARKER_BYTES];
+    if (qemu_plugin_insn_size(insn) != MARKER_BYTES || qemu_plugin_insn_data(insn, b, sizeof b) != sizeof b) {
+        return 0;
+    }
+    if (b[0] != 0x0f || b[1] != 0x1f || b[2] != 0x84 || b[3] != 0x00 || b[7] != MARKER_MAGIC) {
+        return 0;
+    }
+    uint32_t cmd = b[6];
+    return cmd == CMD_ROI_BEGIN || cmd == CMD_ROI_END || cmd == CMD_CLOCK ? cmd << 16 | b[5] << 8 | b[4] : 0;
+}
+
+/* A clock read: queue it, then wait until the firmware has served the ring up
+ * to it and answered in the vCPU's pv slot (or gave up on the firmware: then
+ * the answer is 0). The guest reads the slot after the marker. */
+static void clock_read(unsigned int vcpu, uint64_t now_ps)
+{
+    if (vcpu >= P.n_pv) {
+        return;
+    }
+    struct pv_slot *slot = &P.pv[vcpu];
+    uint64_t seq = ++P.clock_seq[vcpu];
+    struct request *rec = NULL;
+    if (P.ring != NULL && P.active) {
+        if (P.shared) {
+            llc_lock();
+        }
+        rec = ring_slot();
+        if (rec != NULL) {
+            ring_publish(rec, now_ps, seq << 16, vcpu, 0, OP_MARKER, CMD_CLOCK);
+        }
+        if (P.shared) {
+            llc_unlock();
+        }
+    }
+    if (rec != NULL) {
+        uint64_t start = now_ns(), spins = 0;
+        while (__atomic_load_n(&slot->seq, __ATOMIC_ACQUIRE) != seq) {
+            if (++spins < 1024) {
+                __builtin_ia32_pause();
+            } else if (consumer_lost(start, spins)) {
+                rec = NULL;
+                break;
+            }
+        }
+    }
+    if (rec == NULL) {
+        STORE_RELAXED(&slot->clock_ns, 0);
+        __atomic_store_n(&slot->seq, seq, __ATOMIC_RELEASE);
+    }
+}
+
+/* Runs before a marker executes: snapshot the vCPU into the ROI table and
+ * queue a marker record, so the firmware knows its stall at that point. */
+static void on_marker(unsigned int vcpu, void *userdata)
+{
+    uint32_t code = (uint32_t)(uintptr_t)userdata;
+    if (!P.active || vcpu >= P.n_vslots) {
+        __atomic_fetch_add(&P.hdr->markers_ignored, 1, __ATOMIC_RELAXED);
+        if (code >> 16 == CMD_CLOCK) {
+            clock_read(vcpu, 0); /* answers 0 at once: no modelled clock while dormant */
+        }
+        return;
+    }
+    struct vcpu_slot *s = &P.vslots[vcpu];
+    const uint64_t insns = qemu_plugin_u64_get(P.insns, vcpu);
+    STORE_RELAXED(&s->insns, insns);
+    if (code >> 16 == CMD_CLOCK) {
+        /* Not an ROI event; with several vCPUs the clock only needs this vCPU's slot. */
+        clock_read(vcpu, clock_at(vcpu, s, insns));
+        return;
+    }
+    if (P.shared) {
+        llc_lock();
+    }
+    uint64_t now_ps = clock_at(vcpu, s, insns);
+    uint64_t index = P.hdr->roi_events;
+    if (index < ROI_SLOTS) {
+        struct roi_event *e = &P.roi[index];
+        e->code = code;
+        e->vcpu = (uint16_t)vcpu;
+        e->local_ps = now_ps;
+        memcpy(e->counters, s, sizeof e->counters);
+    }
+    /* Release: a reader that sees the count sees the event. */
+    __atomic_store_n(&P.hdr->roi_events, index + 1, __ATOMIC_RELEASE);
+    if (P.ring != NULL) {
+        struct request *rec = ring_slot();
+        if (rec != NULL) {
+            ring_publish(rec, now_ps, index << 16 | (code & 0xffffu), vcpu, 0, OP_MARKER, (uint8_t)(code >> 16));
+        }
+    }
+    if (P.shared) {
+        llc_unlock();
+    }
+}
+
+static void register_callbacks(qemu_plugin_id_t id);
+
+/* Runs once QEMU has flushed every translated block and unregistered the
+ * plugin's callbacks, with all vCPUs stopped: the mode can change safely. */
+static void after_reset(qemu_plugin_id_t id)
+{
+    uint32_t want = LOAD_RELAXED(&P.hdr->requested_mode) == MODE_ACTIVE;
+    if (want && !P.active) {
+        uint64_t insn_ps = LOAD_RELAXED(&P.hdr->insn_ps), dram_ps = LOAD_RELAXED(&P.hdr->dram_ps);
+        if (insn_ps == 0 || insn_ps > MAX_CLOCK_PS || dram_ps > MAX_CLOCK_PS) {
+            fprintf(stderr, "cxlssd plugin: refusing to activate: insn_ps %" PRIu64 " / dram_ps %" PRIu64
+                            " out of range\n", insn_ps, dram_ps);
+            want = 0;
+        } else {
+            P.insn_ps = insn_ps;
+            P.dram_ps = dram_ps;
+            /* A cold LLC on every activation keeps runs reproducible; the
+             * clock continues from where it stopped (dormant time is not counted). */
+            if (P.llc != NULL) {
+                memset(P.llc, 0, (P.llc_set_mask + 1) * P.llc_ways * sizeof *P.llc);
+            }
+            for (unsigned int i = 0; i < P.n_vslots; i++) {
+                P.last_insns[i] = qemu_plugin_u64_get(P.insns, i);
+            }
+            /* A new run may have a new firmware: give it a chance again. */
+            if (P.ring != NULL && P.ring_given_up) {
+                P.ring_given_up = 0;
+                __atomic_store_n(&P.ring->producer_state, STATE_RUNNING, __ATOMIC_RELEASE);
+            }
+            P.hdr->activations++;
+        }
+    }
+    P.active = (int)want;
+    register_callbacks(id);
+    __atomic_store_n(&P.hdr->mode, want ? MODE_ACTIVE : MODE_DORMANT, __ATOMIC_RELEASE);
+    __atomic_store_n(&P.switching, 0, __ATOMIC_RELEASE);
+}
+
+/* Pick up what the platform published: windows, a requested mode. Called on
+ * translation and when a vCPU idles, which a running guest does constantly. */
+static void poll_requests(void)
+{
+    uint32_t published = LOAD_RELAXED(&P.hdr->n_windows);
+    if (published != __atomic_load_n(&P.n_known, __ATOMIC_ACQUIRE)) {
+        adopt_windows(published);
+    }
+    uint32_t want = LOAD_RELAXED(&P.hdr->requested_mode) == MODE_ACTIVE;
+    if ((int)want != P.active && !__atomic_exchange_n(&P.switching, 1, __ATOMIC_ACQ_REL)) {
+        qemu_plugin_reset(P.id, after_reset);
+    }
+}
+
 /* ---- translation, idle, exit --------------------------------------------- */
 
 static void on_tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
 {
     (void)id;
+    poll_requests();
     size_t n = qemu_plugin_tb_n_insns(tb);
     /* One inline add per block (counted on block entry; a block left early by
      * an exception over-counts its tail, as QEMU's own insn counter does). */
     qemu_plugin_register_vcpu_tb_exec_inline_per_vcpu(tb, QEMU_PLUGIN_INLINE_ADD_U64, P.insns, n);
     for (size_t i = 0; i < n; i++) {
-        qemu_plugin_register_vcpu_mem_cb(qemu_plugin_tb_get_insn(tb, i), on_mem, QEMU_PLUGIN_CB_NO_REGS,
-                                         QEMU_PLUGIN_MEM_RW, NULL);
+        struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
+        uint32_t code = marker_code(insn);
+        if (code != 0) {
+            qemu_plugin_register_vcpu_insn_exec_cb(insn, on_marker, QEMU_PLUGIN_CB_NO_REGS,
+                                                   (void *)(uintptr_t)code);
+        }
+        if (P.active) {
+            qemu_plugin_register_vcpu_mem_cb(insn, on_mem, QEMU_PLUGIN_CB_NO_REGS, QEMU_PLUGIN_MEM_RW, NULL);
+        }
     }
 }
 
@@ -590,20 +896,22 @@ static void on_vcpu_idle(qemu_plugin_id_t id, unsigned int vcpu)
 {
     (void)id;
     refresh_insns(vcpu);
+    poll_requests();
 }
 
-#define N_VCPU_COUNTERS 14
-static const char *const vcpu_counter_names[N_VCPU_COUNTERS] = {
+/* The JSON has the counters and the local clock, which follows them in a slot. */
+#define N_JSON_FIELDS (N_VCPU_COUNTERS + 1)
+static const char *const vcpu_counter_names[N_JSON_FIELDS] = {
     "insns",          "mem_accesses",    "io_accesses",    "cxl_loads",       "cxl_stores",
     "llc_hits_dram",  "llc_hits_cxl",    "llc_misses_dram", "llc_misses_cxl", "writebacks_dram",
-    "writebacks_cxl", "device_reads",    "device_writes",  "device_dropped",
+    "writebacks_cxl", "device_reads",    "device_writes",  "device_dropped",  "local_ps",
 };
 _Static_assert(offsetof(struct vcpu_slot, dev_dropped) == 8 * (N_VCPU_COUNTERS - 1), "JSON names");
 
 static void print_counters(FILE *f, const uint64_t *v)
 {
     fputc('{', f);
-    for (int k = 0; k < N_VCPU_COUNTERS; k++) {
+    for (int k = 0; k < N_JSON_FIELDS; k++) {
         fprintf(f, "%s\"%s\": %" PRIu64, k ? ", " : "", vcpu_counter_names[k], v[k]);
     }
     fputc('}', f);
@@ -619,12 +927,14 @@ static int write_json(const char *path)
     if (f == NULL) {
         return -1;
     }
-    uint64_t totals[N_VCPU_COUNTERS] = {0};
-    fprintf(f, "{\n  \"layout_version\": %u,\n  \"llc_bytes\": %" PRIu64 ",\n  \"llc_ways\": %u,\n  \"vcpus\": [",
-            LAYOUT_VERSION, P.llc_bytes, P.llc_ways);
+    uint64_t totals[N_JSON_FIELDS] = {0};
+    fprintf(f,
+            "{\n  \"layout_version\": %u,\n  \"llc_bytes\": %" PRIu64 ",\n  \"llc_ways\": %u,\n"
+            "  \"activations\": %u,\n  \"roi_events\": %" PRIu64 ",\n  \"vcpus\": [",
+            LAYOUT_VERSION, P.llc_bytes, P.llc_ways, P.hdr->activations, P.hdr->roi_events);
     for (unsigned int i = 0; i < P.n_vslots; i++) {
         const uint64_t *v = (const uint64_t *)&P.vslots[i];
-        for (int k = 0; k < N_VCPU_COUNTERS; k++) {
+        for (int k = 0; k < N_JSON_FIELDS; k++) {
             totals[k] += v[k];
         }
         fprintf(f, "%s\n    ", i ? "," : "");
@@ -685,6 +995,13 @@ static void on_exit_cb(qemu_plugin_id_t id, void *userdata)
      * platform removes; the platform may still read the final counters. */
 }
 
+static void register_callbacks(qemu_plugin_id_t id)
+{
+    qemu_plugin_register_vcpu_tb_trans_cb(id, on_tb_trans);
+    qemu_plugin_register_vcpu_idle_cb(id, on_vcpu_idle);
+    qemu_plugin_register_atexit_cb(id, on_exit_cb, NULL);
+}
+
 /* ---- arguments and setup ------------------------------------------------- */
 
 static int bad_arg(const char *arg, const char *why)
@@ -742,8 +1059,13 @@ static void *map_new_file(const char *path, size_t bytes)
 
 static int setup_area(const char *shm_path, unsigned int vcpu_slots)
 {
-    size_t bytes = VCPU_OFFSET + (size_t)vcpu_slots * VCPU_SLOT_BYTES;
+    size_t roi_offset = VCPU_OFFSET + (size_t)vcpu_slots * VCPU_SLOT_BYTES;
+    size_t bytes = roi_offset + (size_t)ROI_SLOTS * ROI_EVENT_BYTES;
     bytes = (bytes + 4095) & ~(size_t)4095;
+    P.last_insns = calloc(vcpu_slots, sizeof *P.last_insns);
+    if (P.last_insns == NULL) {
+        return bad_arg("(counters)", "out of memory");
+    }
     if (shm_path == NULL) {
         P.area = calloc(1, bytes);
         if (P.area == NULL) {
@@ -759,6 +1081,7 @@ static int setup_area(const char *shm_path, unsigned int vcpu_slots)
     P.hdr = (struct header *)P.area;
     P.wslots = (struct window_slot *)(P.area + WINDOW_OFFSET);
     P.vslots = (struct vcpu_slot *)(P.area + VCPU_OFFSET);
+    P.roi = (struct roi_event *)(P.area + roi_offset);
     P.n_vslots = vcpu_slots;
     P.hdr->version = LAYOUT_VERSION;
     P.hdr->header_bytes = HEADER_BYTES;
@@ -772,6 +1095,11 @@ static int setup_area(const char *shm_path, unsigned int vcpu_slots)
     P.hdr->llc_ways = P.llc_ways;
     P.hdr->llc_bytes = P.llc_bytes;
     P.hdr->insn_ps = P.insn_ps;
+    P.hdr->dram_ps = P.dram_ps;
+    P.hdr->roi_offset = (uint32_t)roi_offset;
+    P.hdr->roi_slots = ROI_SLOTS;
+    P.hdr->requested_mode = P.hdr->mode = P.active ? MODE_ACTIVE : MODE_DORMANT;
+    P.hdr->activations = (uint32_t)P.active;
     P.hdr->state = STATE_RUNNING;
     return 0;
 }
@@ -797,6 +1125,43 @@ static int setup_ring(const char *path, uint64_t records)
     P.ring->timeout_ns = P.timeout_ns;
     P.ring->producer_state = STATE_RUNNING;
     __atomic_store_n(&P.ring->magic, RING_MAGIC, __ATOMIC_RELEASE);
+    return 0;
+}
+
+/* Map the paravirtual clock page (an existing file: QEMU maps the same file
+ * into the guest as an ivshmem BAR) and write its header. */
+static int setup_pv(const char *path, unsigned int vcpu_slots)
+{
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || st.st_size < (off_t)PV_MIN_BYTES) {
+        fprintf(stderr, "cxlssd plugin: pv file %s must exist with at least %u bytes: %s\n", path, PV_MIN_BYTES,
+                fd < 0 ? strerror(errno) : "too small");
+        if (fd >= 0) {
+            close(fd);
+        }
+        return -1;
+    }
+    size_t bytes = (size_t)st.st_size;
+    uint8_t *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) {
+        fprintf(stderr, "cxlssd plugin: cannot map pv file %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    unsigned int fit = (unsigned int)((bytes - PV_HEADER_BYTES) / PV_SLOT_BYTES);
+    P.n_pv = vcpu_slots < fit ? vcpu_slots : fit;
+    P.pv = (struct pv_slot *)(map + PV_HEADER_BYTES);
+    P.clock_seq = calloc(P.n_pv ? P.n_pv : 1, sizeof *P.clock_seq);
+    if (P.clock_seq == NULL) {
+        return bad_arg("pv", "out of memory");
+    }
+    struct pv_header *h = (struct pv_header *)map;
+    h->version = PV_VERSION;
+    h->slots = P.n_pv;
+    h->slot_offset = PV_HEADER_BYTES;
+    h->slot_bytes = PV_SLOT_BYTES;
+    __atomic_store_n(&h->magic, PV_MAGIC, __ATOMIC_RELEASE);
     return 0;
 }
 
@@ -826,12 +1191,13 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
         fputs("cxlssd plugin: needs system emulation (physical addresses)\n", stderr);
         return -1;
     }
-    const char *shm_path = NULL, *ring_path = NULL;
+    const char *shm_path = NULL, *ring_path = NULL, *pv_path = NULL;
     uint64_t bases[MAX_WINDOWS], sizes[MAX_WINDOWS], dpas[MAX_WINDOWS];
     unsigned int n_windows = 0;
     uint64_t llc_bytes = DEFAULT_LLC_BYTES, llc_ways = DEFAULT_LLC_WAYS, ring_records = DEFAULT_RING_RECORDS;
-    uint64_t timeout_ms = DEFAULT_RING_TIMEOUT_MS, insn_ps = DEFAULT_INSN_PS;
-    int seen_llc = 0, seen_ways = 0, seen_records = 0, seen_timeout = 0, seen_ps = 0;
+    uint64_t timeout_ms = DEFAULT_RING_TIMEOUT_MS, insn_ps = DEFAULT_INSN_PS, dram_ps = DEFAULT_DRAM_PS;
+    int seen_llc = 0, seen_ways = 0, seen_records = 0, seen_timeout = 0, seen_ps = 0, seen_dram = 0;
+    const char *mode = NULL;
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
         const char *eq = strchr(arg, '=');
@@ -855,6 +1221,16 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
                 return bad_arg(arg, "ring= must be given once, with a path");
             }
             ring_path = value;
+        } else if (key_is(arg, key_len, "pv")) {
+            if (pv_path != NULL || *value == '\0') {
+                return bad_arg(arg, "pv= must be given once, with a path");
+            }
+            pv_path = value;
+        } else if (key_is(arg, key_len, "mode")) {
+            if (mode != NULL || (strcmp(value, "active") != 0 && strcmp(value, "dormant") != 0)) {
+                return bad_arg(arg, "mode= must be given once, as active or dormant");
+            }
+            mode = value;
         } else if (key_is(arg, key_len, "window")) {
             const char *colon = strchr(value, ':');
             const char *colon2 = colon ? strchr(colon + 1, ':') : NULL;
@@ -882,6 +1258,7 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
                 {"ring_records", &ring_records, &seen_records},
                 {"ring_timeout_ms", &timeout_ms, &seen_timeout},
                 {"insn_ps", &insn_ps, &seen_ps},
+                {"dram_ps", &dram_ps, &seen_dram},
             };
             size_t k = 0;
             while (k < sizeof numbers / sizeof *numbers && !key_is(arg, key_len, numbers[k].key)) {
@@ -889,7 +1266,7 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
             }
             if (k == sizeof numbers / sizeof *numbers) {
                 return bad_arg(arg, "unknown key (expected out, shm, window, llc, llc_ways, ring, "
-                                    "ring_records, ring_timeout_ms or insn_ps)");
+                                    "ring_records, ring_timeout_ms, insn_ps, dram_ps, mode or pv)");
             }
             if (*numbers[k].seen || parse_u64(value, value_end, numbers[k].value) != 0) {
                 return bad_arg(arg, "must be given once, with a number");
@@ -912,13 +1289,19 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
     if (timeout_ms == 0 || timeout_ms > 3600000) {
         return bad_arg("ring_timeout_ms", "must be 1..3600000");
     }
-    if (insn_ps == 0 || insn_ps > 1000000) {
-        return bad_arg("insn_ps", "must be 1..1000000");
+    if (insn_ps == 0 || insn_ps > MAX_CLOCK_PS) {
+        return bad_arg("insn_ps", "must be 1..1000000000");
+    }
+    if (dram_ps > MAX_CLOCK_PS) {
+        return bad_arg("dram_ps", "must be 0..1000000000");
     }
     P.llc_bytes = llc_bytes;
     P.llc_ways = (uint32_t)llc_ways;
     P.timeout_ns = timeout_ms * 1000000ULL;
     P.insn_ps = insn_ps;
+    P.dram_ps = dram_ps;
+    P.active = mode == NULL || strcmp(mode, "active") == 0;
+    P.id = id;
 
     int max_vcpus = info->system.max_vcpus > 0 ? info->system.max_vcpus : 1;
     P.shared = max_vcpus > 1;
@@ -942,9 +1325,14 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
         P.wslots[i].dpa_base = dpas[i];
         P.hdr->n_windows = i + 1;
     }
-    if (ring_path != NULL && setup_ring(ring_path, ring_records) != 0) {
+    int ring_ok = ring_path == NULL || setup_ring(ring_path, ring_records) == 0;
+    if (!ring_ok || (pv_path != NULL && setup_pv(pv_path, (unsigned int)max_vcpus) != 0)) {
+        /* Remove only the files this plugin created. */
         if (shm_path != NULL) {
             unlink(shm_path);
+        }
+        if (ring_ok && ring_path != NULL) {
+            unlink(ring_path);
         }
         return -1;
     }
@@ -952,9 +1340,7 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
 
     P.insn_board = qemu_plugin_scoreboard_new(sizeof(uint64_t));
     P.insns = (qemu_plugin_u64){P.insn_board, 0};
-    qemu_plugin_register_vcpu_tb_trans_cb(id, on_tb_trans);
-    qemu_plugin_register_vcpu_idle_cb(id, on_vcpu_idle);
-    qemu_plugin_register_atexit_cb(id, on_exit_cb, NULL);
+    register_callbacks(id);
     /* Ready: the magic goes in last, so a reader that sees it sees the rest. */
     __atomic_store_n(&P.hdr->magic, MAGIC, __ATOMIC_RELEASE);
     return 0;

@@ -23,12 +23,12 @@ import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 import numpy as np
 
 from cxlssd.errors import InputError
 from cxlssd.firmware.request import REQUEST_DTYPE
+from cxlssd.lifecycle import Lifecycle
 from cxlssd.platform.plugin.shared_file import map_when_ready
 
 MAGIC = int.from_bytes(b"CXLSSDRQ", "little")
@@ -53,6 +53,19 @@ _W_TAIL, _W_CONSUMER_PID = 16, 18
 _U_VERSION, _U_HEADER, _U_RECORD, _U_CAPACITY, _U_PRODUCER, _U_CONSUMER = 2, 3, 4, 5, 14, 34
 
 
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a consumer that died attached does not count)."""
+    if pid <= 0:
+        return True  # attached without a pid: assume alive
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class RingError(RuntimeError):
     """The plugin gave up on the consumer (it was gone or stalled past the timeout)."""
 
@@ -67,13 +80,15 @@ class RingStatus:
     full_waits: int  # times the guest waited on a full ring
     wait_ns: int  # host ns the guest spent waiting on a full ring
     producer_state: int
+    consumer_pid: int = 0  # the attached consumer's process, 0 if none
+    consumer_state: int = DETACHED_NEVER
 
     @property
     def state(self) -> str:
         return STATE_NAMES.get(self.producer_state, f"unknown ({self.producer_state})")
 
 
-class RequestRing:
+class RequestRing(Lifecycle):
     """The ring file, mapped read-write, attached as its (only) consumer; with
     ``consume=False`` an observer that only reads :meth:`status` (e.g. the
     platform watching for a dead firmware) and never attaches."""
@@ -90,16 +105,10 @@ class RequestRing:
         self.timeout_ns = 0
         self._tail = 0
 
-    def __enter__(self) -> RequestRing:
+    def _begin(self) -> None:
         self.open()
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _end(self, error: BaseException | None) -> None:
         self.close()
 
     def open(self, timeout_s: float = 10.0) -> None:
@@ -118,8 +127,8 @@ class RequestRing:
             problem = "header or record size does not match"
         elif capacity < 2 or capacity & (capacity - 1) or HEADER_BYTES + capacity * 24 > len(mapped):
             problem = "capacity does not match the file"
-        elif self.consume and int(u32[_U_CONSUMER]) == ATTACHED:
-            problem = "another consumer is attached"
+        elif self.consume and int(u32[_U_CONSUMER]) == ATTACHED and _alive(int(u64[_W_CONSUMER_PID])):
+            problem = f"another consumer (pid {int(u64[_W_CONSUMER_PID])}) is attached"
         if problem is not None:
             del u32, u64
             mapped.close()
@@ -132,6 +141,10 @@ class RequestRing:
         self.timeout_ns = int(u64[_W_TIMEOUT])
         self._tail = int(u64[_W_TAIL])
         if self.consume:
+            # Records left by a consumer that died belong to its run, not to ours:
+            # the plugin queues only while a consumer is attached, so skip them.
+            self._tail = int(u64[_W_HEAD])
+            u64[_W_TAIL] = self._tail
             u64[_W_CONSUMER_PID] = os.getpid()
             # The pid before the state: the plugin checks the pid of an attached consumer.
             u32[_U_CONSUMER] = ATTACHED
@@ -165,6 +178,8 @@ class RequestRing:
             full_waits=int(u64[_W_FULL_WAITS]),
             wait_ns=int(u64[_W_WAIT_NS]),
             producer_state=int(u32[_U_PRODUCER]),
+            consumer_pid=int(u64[_W_CONSUMER_PID]),
+            consumer_state=int(u32[_U_CONSUMER]),
         )
 
     def check(self) -> None:

@@ -21,6 +21,7 @@ log = logging.getLogger("cxlssd")
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser, with every area's sub-commands registered."""
     from cxlssd import setup_commands
+    from cxlssd.experiments import commands as experiment_commands
     from cxlssd.firmware import commands as firmware_commands
     from cxlssd.platform import commands as platform_commands
     from cxlssd.platform import inject_commands
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for area in (setup_commands, platform_commands, inject_commands, firmware_commands):
+    for area in (setup_commands, platform_commands, inject_commands, firmware_commands, experiment_commands):
         area.register(subparsers)
     return parser
 
@@ -57,7 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(message)s" if not args.verbose else "%(asctime)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    logging.getLogger("paramiko").setLevel(logging.WARNING)
+    for chatty in ("paramiko", "qemu.qmp"):  # connection chatter, not the user's business
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
         status: int = args.handler(args)
     except CxlssdError as error:

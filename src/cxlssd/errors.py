@@ -26,3 +26,7 @@ class PrerequisiteError(CxlssdError):
 
 class GuestError(CxlssdError):
     """The guest did not come up, or a command in it failed to run."""
+
+
+class FirmwareError(CxlssdError):
+    """The firmware process failed, died, or the plugin gave up on it."""

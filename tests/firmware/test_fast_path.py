@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cxlssd.firmware.cache import REPLACEMENT_POLICIES, LruPolicy
-from cxlssd.firmware.request import Op, Source, make_requests
+from cxlssd.firmware.request import FLAG_POSTED, Op, Source, make_requests
 from cxlssd.firmware.synth import SynthSpec, synthesize
 
 DESIGNS = ["base-cssd", "skybyte-p", "skybyte-c", "skybyte-w", "skybyte-cp", "skybyte-wp",
@@ -35,6 +35,22 @@ def test_long_streams_fast_equals_reference(small_controller, design, pattern) -
                                   migration__window_accesses=500)
     assert np.array_equal(got, want)
     assert fast.counter_dict() == slow.counter_dict()
+
+
+@pytest.mark.parametrize("design", ["base-cssd", "skybyte-c", "skybyte-full"])
+def test_posted_writes_fast_equals_reference_and_are_never_charged(small_controller, design) -> None:
+    """LLC write-backs (FLAG_POSTED) occupy the device but never stall the vCPU."""
+    spec = SynthSpec(pattern="zipf", requests=20_000, footprint_bytes=8 << 20, vcpus=2, seed=3)
+    requests = synthesize(spec)
+    requests["flags"] = np.where(requests["op"] == Op.WRITE, FLAG_POSTED, 0)
+    fast, slow, got, want = _both(small_controller, design, requests, migration__window_accesses=500)
+    assert np.array_equal(got, want)
+    assert fast.counter_dict() == slow.counter_dict()
+    reads = requests["op"] == Op.READ
+    charged = np.where(want["long_delay"], slow.context_switch.switch_cost_ns, want["latency_ns"])
+    assert slow.counters.stall_ns_total == int(charged[reads].sum())
+    assert not want["long_delay"][~reads].any()
+    assert sum(slow.vcpu_stall_ns(v) for v in range(2)) == slow.counters.stall_ns_total
 
 
 class _MruPolicy(LruPolicy):

@@ -20,8 +20,6 @@ from cxlssd.firmware.profile import load_profile
 from cxlssd.firmware.replay import replay_file
 from cxlssd.firmware.request import Op
 from cxlssd.firmware.trace import TraceReader
-from cxlssd.paths import runtime_root
-from cxlssd.platform.config import load_config
 from cxlssd.platform.machine import Platform
 from cxlssd.platform.plugin import build
 from cxlssd.platform.plugin.build import ensure_plugin
@@ -197,8 +195,10 @@ def test_counts_accesses_in_a_window_published_while_running(plugin: Path, tmp_p
         qemu.wait(timeout=QUICK_TIMEOUT_S)
     assert delta.insns > 0 and delta.mem_accesses > 0
     assert delta.cxl_loads + delta.cxl_stores > 0
-    assert delta.windows[0].loads == delta.cxl_loads and delta.windows[0].stores == delta.cxl_stores
+    # A live snapshot is not atomic across counters; once QEMU exited they agree exactly.
     report = json.loads(out.read_text())
+    window, totals = report["windows"][0], report["totals"]
+    assert (window["loads"], window["stores"]) == (totals["cxl_loads"], totals["cxl_stores"])
     assert report["totals"]["cxl_loads"] >= before.cxl_loads + delta.cxl_loads
     assert 0 < report["windows"][0]["lines_touched"] <= 0xA0000 // 64
 
@@ -212,58 +212,36 @@ TOUCH_LINES = TOUCH_BYTES // 64
 TOUCH_SCRIPT = f"b = bytearray({TOUCH_BYTES})\nb[::64] = b'\\x01' * (len(b) // 64)\nprint(sum(b[::64]))\n"
 
 
-def counters_path(platform: Platform) -> Path:
-    """The counters file inside the instance's private runtime dir (named before launch)."""
-    return runtime_root() / platform.name / "plugin.counters"
-
-
 @dataclass
 class PluginGuest:
     platform: Platform
     counters: PluginCounters
-    out: Path
     driver: LiveDriver
     trace: Path
     stride: dict[str, object] = field(default_factory=dict)  # what the stride test saw
 
 
-def _live_instances(config: pytest.Config) -> set[str]:
-    """conftest's set of instances the per-test leak check allows (module-scoped guests)."""
-    for registered in config.pluginmanager.get_plugins():
-        live = getattr(registered, "_live_instances", None)
-        if isinstance(live, set):
-            return live
-    raise AssertionError("tests/conftest.py has no _live_instances")
-
-
 @pytest.fixture(scope="module")
 def plugin_platform(
-    plugin: Path, tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+    default_platform: Platform, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[PluginGuest]:
-    workdir = tmp_path_factory.mktemp("plugin")
-    out, trace = workdir / "counters.json", workdir / "live.trace"
-    platform = Platform(load_config())
-    shm = counters_path(platform)
-    ring = shm.with_name("plugin.ring")
-    platform.extra_qemu_args = ["-plugin", f"{plugin},out={out},shm={shm},ring={ring}"]
-    controller = Controller.from_profile(load_profile(DESIGN), timebase="compute")
-    live = _live_instances(pytestconfig)
-    live.add(platform.name)
-    try:
-        # The firmware attaches before the window is published: no request is dropped.
-        with (
-            platform,
-            PluginCounters(shm) as counters,
-            LiveDriver(ring, controller, record=trace, metadata={"design": DESIGN}) as driver,
-        ):
-            device = platform.devices[0]
-            counters.publish_window(device.hpa_base, device.size_bytes, device.dpa_base)
-            print(f"boot with the plugin: {platform.boot_seconds:.0f} s")
-            yield PluginGuest(platform, counters, out, driver, trace)
-    finally:
-        live.discard(platform.name)
-    # Shut down: the plugin wrote its JSON at exit.
-    assert json.loads(out.read_text())["windows"][0]["base"] == device.hpa_base
+    """The session's guest with its built-in plugin made active and an
+    in-process live driver on its ring (what ``Platform.attach`` does with a
+    firmware process), recording a trace."""
+    trace = tmp_path_factory.mktemp("plugin") / "live.trace"
+    platform = default_platform
+    counters = platform.plugin_counters()
+    controller = Controller.from_profile(
+        load_profile(DESIGN, {"device.capacity_bytes": platform.devices[0].size_bytes}), timebase="compute"
+    )
+    # The firmware attaches before the plugin activates: no request is dropped.
+    ring = platform.plugin_files().ring
+    with LiveDriver(ring, controller, record=trace, metadata={"design": DESIGN}) as driver:
+        counters.set_mode(True)
+        try:
+            yield PluginGuest(platform, counters, driver, trace)
+        finally:
+            counters.set_mode(False)
 
 
 def _touch(platform: Platform, node: int) -> None:
@@ -294,11 +272,14 @@ def test_plugin_counts_the_guests_cxl_stores(plugin_platform: PluginGuest) -> No
     platform, counters = plugin_platform.platform, plugin_platform.counters
     before = counters.snapshot()
     _touch(platform, platform.devices[0].node)
-    delta = counters.snapshot() - before
+    after = counters.snapshot()
+    delta = after - before
     print(f"CXL node: {delta}")
     assert delta.insns > 1_000_000
     assert delta.cxl_stores >= TOUCH_LINES and delta.cxl_loads >= TOUCH_LINES
-    assert delta.windows[0].lines_touched >= TOUCH_LINES
+    # Distinct lines ever touched: the session's earlier guest work may have touched
+    # these lines already (the same guest), so only the total is bounded.
+    assert after.windows[0].lines_touched >= TOUCH_LINES
 
 
 @pytest.mark.guest
@@ -411,7 +392,8 @@ def test_replaying_the_live_trace_gives_the_live_counters(plugin_platform: Plugi
     dropped = plugin_platform.counters.snapshot().total("device_dropped")
     print(f"live driver: {stats}; {dropped} requests dropped")
     live_counters = driver.controller.counter_dict()
-    result = replay_file(plugin_platform.trace, load_profile(DESIGN))
+    capacity = plugin_platform.platform.devices[0].size_bytes
+    result = replay_file(plugin_platform.trace, load_profile(DESIGN, {"device.capacity_bytes": capacity}))
     assert result["counters"] == live_counters
     records = TraceReader(plugin_platform.trace).read_all()
     assert records.shape[0] == stats["requests"] == live_counters["model"]["requests"]

@@ -112,10 +112,29 @@ def test_reader_peeks_views_releases_and_wraps(tmp_path: Path) -> None:
     assert producer.consumer_state == ringmod.DETACHED
 
 
+def test_a_new_consumer_skips_what_a_dead_one_left(tmp_path: Path) -> None:
+    """Records queued for a consumer that died belong to its run: the next
+    consumer starts at the head."""
+    producer = FakeProducer(tmp_path / "ring", capacity=8)
+    stream = _stream(5)
+    assert producer.push(stream[:3]) == 3
+    with RequestRing(tmp_path / "ring") as ring:
+        assert ring.peek().shape == (0,) and ring.status().tail == 3
+        assert producer.push(stream[3:]) == 2
+        assert np.array_equal(ring.peek(), stream[3:])
+    # A consumer that died attached (its pid is gone) does not block the next one.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    producer.u64[18] = dead.pid
+    producer.u32[34] = ringmod.ATTACHED
+    with RequestRing(tmp_path / "ring") as ring:
+        assert producer.u64[18] == os.getpid()
+
+
 def test_reader_refuses_a_second_consumer_and_bad_files(tmp_path: Path) -> None:
     FakeProducer(tmp_path / "ring", capacity=4)
     with RequestRing(tmp_path / "ring"):
-        with pytest.raises(InputError, match="another consumer is attached"):
+        with pytest.raises(InputError, match=r"another consumer .*is attached"):
             RequestRing(tmp_path / "ring").open(timeout_s=0)
         with RequestRing(tmp_path / "ring", consume=False) as observer:
             assert observer.status().head == 0

@@ -1,0 +1,242 @@
+"""Serve a request stream through a controller, and turn ROI markers into results.
+
+Both drivers use this: the live driver with chunks of the plugin's ring, the
+replay driver with chunks of a trace, so a recorded run replays to the same
+per-ROI answers (DESIGN.md decision 5). A stream holds device requests and, in
+stream order, the guest's ROI markers (:data:`~.request.Op.MARKER` records,
+``flags`` = command, ``addr`` = event index << 16 | ROI id, ``time_ns`` = the
+vCPU's local clock). The controller never sees a marker: the chunk is served in
+pieces between them.
+
+The modelled clock of a vCPU at a marker is its local clock (instructions x
+CPI / frequency + DRAM stalls, kept by the plugin) plus the device stall the
+controller has charged it so far. An ROI's modelled time is that clock at its
+end marker minus the clock at its begin marker, on the vCPU that ran both.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cxlssd.firmware.controller import Controller
+from cxlssd.firmware.request import Op, Source
+
+log = logging.getLogger(__name__)
+
+CMD_ROI_BEGIN, CMD_ROI_END, CMD_CLOCK = 1, 2, 3
+_OPS = ("read", "write")
+_N_SOURCES = len(Source)
+# latency histogram: log-spaced bucket edges from 1 ns to 100 s (for percentiles)
+_EDGES = np.unique(np.round(np.logspace(0, 11, 441)).astype(np.int64))
+PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+
+
+class LatencyHistogram:
+    """Streaming latency histogram; percentiles are reported as bucket upper edges
+    (within 6 % of the exact value)."""
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(_EDGES.size + 1, dtype=np.int64)
+
+    def add(self, latency_ns: np.ndarray) -> None:
+        self.counts += np.bincount(
+            np.searchsorted(_EDGES, latency_ns, side="left"), minlength=self.counts.size
+        )
+
+    def percentile(self, p: float) -> int:
+        total = int(self.counts.sum())
+        if not total:
+            return 0
+        bucket = int(np.searchsorted(np.cumsum(self.counts), total * p / 100.0))
+        return int(_EDGES[min(bucket, _EDGES.size - 1)])
+
+
+@dataclass(frozen=True)
+class Marker:
+    """One marker as the stream driver saw it."""
+
+    cmd: int
+    roi: int
+    event: int  # index into the plugin's ROI event table
+    vcpu: int
+    local_ns: int
+    stall_ns: int
+    device: dict[str, Any]  # the controller's counters at that point
+    latency: np.ndarray  # [op, source] -> (count, latency sum) so far
+
+    @property
+    def clock_ns(self) -> int:
+        return self.local_ns + self.stall_ns
+
+
+#: counters that are levels, not counts: an ROI reports their value at its end
+GAUGES = frozenset({"capacity_pages", "occupied_pages", "capacity_entries", "threshold", "promoted_pages"})
+
+
+def counter_delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """What happened between two nested counter dicts: counts are subtracted,
+    gauges and lists taken from ``after``, ratios (floats) left out, since a
+    ratio over the whole run says nothing about the interval."""
+    out: dict[str, Any] = {}
+    for key, value in after.items():
+        if isinstance(value, dict):
+            out[key] = counter_delta(value, before.get(key, {}))
+        elif isinstance(value, bool) or not isinstance(value, int):
+            if not isinstance(value, float):
+                out[key] = value
+        else:
+            out[key] = value if key in GAUGES else value - before.get(key, 0)
+    return out
+
+
+def _latency_table(latency: np.ndarray) -> dict[str, dict[str, dict[str, float]]]:
+    """{op: {source: {requests, mean_latency_ns}}} for the non-empty cells."""
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    for op, name in enumerate(_OPS):
+        for source in range(_N_SOURCES):
+            count, total = int(latency[op, source, 0]), int(latency[op, source, 1])
+            if count:
+                table.setdefault(name, {})[Source(source).name.lower()] = {
+                    "requests": count,
+                    "mean_latency_ns": total / count,
+                }
+    return table
+
+
+class StreamServer:
+    """Feed chunks to ``controller``; collect ROI results from the markers.
+
+    ``cpu_counters(event)`` may give the plugin's counters of the vCPU at a
+    marker (a dict of numbers): the live driver reads them from the plugin's
+    ROI table; a replay has none. ``on_clock(vcpu, seq, clock_ns)`` answers the
+    guest's clock reads (the live driver writes the paravirtual page; a replay
+    only counts them)."""
+
+    def __init__(
+        self,
+        controller: Controller,
+        cpu_counters: Callable[[int], dict[str, int] | None] | None = None,
+        on_clock: Callable[[int, int, int], None] | None = None,
+    ) -> None:
+        self.controller = controller
+        self.cpu_counters = cpu_counters
+        self.on_clock = on_clock
+        self.clock_reads = 0
+        self.requests = 0
+        self.markers = 0
+        self.end_ns = 0  # latest ready time of any request
+        self.results: list[dict[str, Any]] = []
+        self.histogram = LatencyHistogram()
+        self._open: dict[tuple[int, int], tuple[Marker, dict[str, int] | None]] = {}
+        # [op, source, (count, latency sum)]
+        self._latency = np.zeros((len(_OPS), _N_SOURCES, 2), dtype=np.int64)
+
+    def serve(self, chunk: np.ndarray) -> None:
+        """Serve one chunk of the stream, in order."""
+        marks = np.flatnonzero(chunk["op"] == Op.MARKER)
+        start = 0
+        for m in marks.tolist():
+            self._process(chunk[start:m])
+            self._marker(chunk[m])
+            start = m + 1
+        self._process(chunk[start:])
+
+    def serve_all(self, chunks: Iterable[np.ndarray]) -> None:
+        for chunk in chunks:
+            self.serve(chunk)
+
+    def _process(self, requests: np.ndarray) -> None:
+        if not requests.shape[0]:
+            return
+        out = self.controller.process(requests)
+        self.requests += int(requests.shape[0])
+        self.end_ns = max(self.end_ns, int(out["ready_ns"].max()))
+        rw = requests["op"] <= Op.WRITE
+        self.histogram.add(out["latency_ns"][rw])
+        if rw.any():
+            cell = requests["op"][rw].astype(np.int64) * _N_SOURCES + out["source"][rw]
+            size = len(_OPS) * _N_SOURCES
+            self._latency[..., 0] += np.bincount(cell, minlength=size).reshape(len(_OPS), _N_SOURCES)
+            self._latency[..., 1] += np.bincount(
+                cell, weights=out["latency_ns"][rw], minlength=size
+            ).astype(np.int64).reshape(len(_OPS), _N_SOURCES)
+
+    def _marker(self, record: np.void) -> None:
+        self.markers += 1
+        vcpu = int(record["vcpu"])
+        addr = int(record["addr"])
+        if int(record["flags"]) == CMD_CLOCK:  # a clock read: answer it, nothing to snapshot
+            self.clock_reads += 1
+            if self.on_clock is not None:
+                self.on_clock(vcpu, addr >> 16, int(record["time_ns"]) + self.controller.vcpu_stall_ns(vcpu))
+            return
+        marker = Marker(
+            cmd=int(record["flags"]),
+            roi=addr & 0xFFFF,
+            event=addr >> 16,
+            vcpu=vcpu,
+            local_ns=int(record["time_ns"]),
+            stall_ns=self.controller.vcpu_stall_ns(vcpu),
+            device=self.controller.counter_dict(),
+            latency=self._latency.copy(),
+        )
+        cpu = self.cpu_counters(marker.event) if self.cpu_counters is not None else None
+        key = (marker.roi, vcpu)
+        if marker.cmd == CMD_ROI_BEGIN:
+            if key in self._open:
+                log.warning("ROI %d began again on vCPU %d before it ended: the earlier begin is dropped",
+                            marker.roi, vcpu)
+            self._open[key] = (marker, cpu)
+        elif marker.cmd == CMD_ROI_END:
+            begun = self._open.pop(key, None)
+            if begun is None:
+                log.warning("ROI %d ended on vCPU %d without a begin: ignored", marker.roi, vcpu)
+                return
+            self.results.append(self._result(*begun, marker, cpu))
+        else:
+            log.warning("unknown marker command %d (ROI %d): ignored", marker.cmd, marker.roi)
+
+    def _result(
+        self, begin: Marker, begin_cpu: dict[str, int] | None, end: Marker, end_cpu: dict[str, int] | None
+    ) -> dict[str, Any]:
+        device = counter_delta(end.device, begin.device)
+        result: dict[str, Any] = {
+            "roi": begin.roi,
+            "vcpu": begin.vcpu,
+            "modelled_ns": end.clock_ns - begin.clock_ns,
+            "begin_ns": begin.clock_ns,
+            "end_ns": end.clock_ns,
+            "local_ns": end.local_ns - begin.local_ns,
+            "device_stall_ns": end.stall_ns - begin.stall_ns,
+            "device": device,
+            "latency_by_source": _latency_table(end.latency - begin.latency),
+        }
+        if begin_cpu is not None and end_cpu is not None:
+            result["cpu"] = counter_delta(end_cpu, begin_cpu)
+        return result
+
+    def unfinished(self) -> list[dict[str, int]]:
+        """ROIs that began and never ended."""
+        return [{"roi": roi, "vcpu": vcpu} for roi, vcpu in self._open]
+
+    def summary(self) -> dict[str, Any]:
+        """Counters, stall totals, latency percentiles and the ROI results so far."""
+        counters = self.controller.counter_dict()
+        model = counters["model"]
+        return {
+            "counters": counters,
+            "stalls": {
+                "latency_ns_total": model["latency_ns_total"],
+                "stall_ns_total": model["stall_ns_total"],
+                "long_delay_latency_ns": model["long_delay_latency_ns"],
+                "modelled_end_ns": self.end_ns,
+            },
+            "latency_percentiles_ns": {f"p{p:g}": self.histogram.percentile(p) for p in PERCENTILES},
+            "rois": self.results,
+            "unfinished_rois": self.unfinished(),
+        }

@@ -1,0 +1,1 @@
+"""guest runtime: ROI markers, the chase calibration program, their build and install"""

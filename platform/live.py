@@ -1,0 +1,261 @@
+"""The firmware attached live to a running platform: its process, and one run's session.
+
+Every platform loads the TCG plugin dormant (it only counts instructions and
+watches for ROI markers, so the guest boots at nearly plain-TCG speed). A
+:class:`LiveSession` attaches a design for one run::
+
+    with platform.attach("skybyte-full", record=Path("run.trace")) as session:
+        platform.guest().run([...], watch=session.check)
+    session.results["rois"]   # modelled time and counters per ROI
+
+``start()`` starts the firmware process (``./cxlssd serve-firmware``) on the
+plugin's ring, hands the plugin the clock parameters (CPI and frequency from
+the platform config, DRAM latency from the design) and switches it to its
+active mode (LLC model, device requests, clock); ``stop()`` switches it back,
+lets the firmware serve what is left and collects its results. ``check()``
+raises :class:`FirmwareError` naming the cause when the firmware process has
+died or the plugin gave up on it; the platform then stops the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cxlssd.errors import ConfigError, FirmwareError
+from cxlssd.firmware.profile import Profile, load_profile, parse_override
+from cxlssd.lifecycle import Lifecycle
+from cxlssd.platform.plugin.ring import ATTACHED, RequestRing, RingError
+
+if TYPE_CHECKING:
+    from cxlssd.platform.machine import Platform
+
+log = logging.getLogger(__name__)
+
+ATTACH_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 600.0  # serving a full ring of flash misses takes a while
+LOG_TAIL_CHARS = 2000
+
+
+def _describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-returncode).name}"
+        return f"killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+class FirmwareProcess:
+    """``./cxlssd serve-firmware`` as a child process with an explicit lifecycle."""
+
+    def __init__(
+        self,
+        ring: Path,
+        counters: Path,
+        pv: Path,
+        design: str,
+        overrides: Sequence[str],
+        results: Path,
+        log_path: Path,
+        record: Path | None = None,
+    ) -> None:
+        self.ring = ring
+        self.counters = counters
+        self.pv = pv
+        self.design = design
+        self.overrides = list(overrides)
+        self.results_path = results
+        self.log_path = log_path
+        self.record = record
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid if self._process is not None else 0
+
+    def argv(self) -> list[str]:
+        argv = [sys.executable, "-P", "-m", "cxlssd", "serve-firmware", "--ring", str(self.ring),
+                "--counters", str(self.counters), "--pv", str(self.pv), "--design", self.design,
+                "--results", str(self.results_path)]
+        for override in self.overrides:
+            argv += ["--set", override]
+        if self.record is not None:
+            argv += ["--record", str(self.record)]
+        return argv
+
+    def launch(self, timeout_s: float = ATTACH_TIMEOUT_S) -> None:
+        """Start the process and wait until it is attached to the ring."""
+        from cxlssd.platform.machine import die_with_parent
+
+        self.results_path.unlink(missing_ok=True)
+        with open(self.log_path, "wb") as out:
+            self._process = subprocess.Popen(
+                self.argv(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=die_with_parent,
+            )
+        deadline = time.monotonic() + timeout_s
+        with RequestRing(self.ring, consume=False) as observer:
+            while True:
+                self.check()
+                status = observer.status()
+                if status.consumer_pid == self.pid and status.consumer_state == ATTACHED:
+                    break
+                if time.monotonic() > deadline:
+                    self.kill()
+                    raise FirmwareError(
+                        f"the firmware process did not attach to the plugin's ring within {timeout_s:.0f} s; "
+                        f"its log: {self.log_path}"
+                    )
+                time.sleep(0.05)
+        log.info("firmware %s attached (pid %d, log %s)", self.design, self.pid, self.log_path)
+
+    def _log_tail(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace").strip()[-LOG_TAIL_CHARS:]
+        except OSError:
+            return "(no log)"
+
+    def check(self) -> None:
+        """A :class:`FirmwareError` if the process is no longer running."""
+        process = self._process
+        if process is not None and process.poll() is not None:
+            raise FirmwareError(
+                f"the firmware process (design {self.design}, pid {process.pid}) "
+                f"{_describe_exit(process.returncode)}; the run is stopped. "
+                f"Its log ({self.log_path}):\n{self._log_tail() or '(empty)'}"
+            )
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> dict[str, Any]:
+        """SIGTERM, wait until it has served the rest and written its results; return them."""
+        process = self._process
+        if process is None:
+            raise FirmwareError("the firmware process was never started")
+        self.check()
+        process.terminate()
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise FirmwareError(
+                f"the firmware process did not finish within {timeout_s:.0f} s of being asked to stop "
+                f"(killed); its log: {self.log_path}"
+            ) from None
+        if process.returncode != 0:
+            self.check()
+        try:
+            results: dict[str, Any] = json.loads(self.results_path.read_text())
+        except (OSError, ValueError) as error:
+            raise FirmwareError(
+                f"the firmware wrote no usable results ({error}); its log: {self.log_path}"
+            ) from None
+        finally:
+            self._process = None
+        return results
+
+    def kill(self) -> None:
+        """Stop at once (SIGKILL); idempotent. Fault injection uses it too."""
+        process = self._process
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+class LiveSession(Lifecycle):
+    """One design attached to a running platform, for one run (see the module doc)."""
+
+    def __init__(
+        self,
+        platform: Platform,
+        design: str,
+        overrides: Sequence[str] = (),
+        record: Path | None = None,
+    ) -> None:
+        self.platform = platform
+        self.design = design
+        self.record = record
+        self.results: dict[str, Any] = {}
+        if len(platform.devices) != 1:
+            raise ConfigError(
+                f"the live firmware serves one CXL device; config {platform.config.source} has "
+                f"{len(platform.devices)} (use a config with one device for --design runs)"
+            )
+        device = platform.devices[0]
+        # The model's device is the guest's: its capacity unless the caller sets it.
+        given = {parse_override(text)[0] for text in overrides}
+        self.overrides = list(overrides)
+        if "device.capacity_bytes" not in given:
+            self.overrides.insert(0, f"device.capacity_bytes={device.size_bytes}")
+        self.profile: Profile = load_profile(design, self.overrides)  # bad names fail before anything starts
+        self.dram_only = self.profile["kind"] == "dram-only"
+        self._firmware: FirmwareProcess | None = None
+
+    def _begin(self) -> None:
+        self.start()
+
+    def _end(self, error: BaseException | None) -> None:
+        if error is None:
+            self.stop()
+        else:
+            self.abort()
+
+    @property
+    def firmware(self) -> FirmwareProcess:
+        if self._firmware is None:
+            raise FirmwareError("the live session is not started")
+        return self._firmware
+
+    def start(self) -> None:
+        platform = self.platform
+        files = platform.plugin_files()
+        self._firmware = FirmwareProcess(
+            files.ring, files.counters, files.pv, self.design, self.overrides,
+            results=files.ring.with_name("firmware-results.json"),
+            log_path=platform.log_dir / "firmware.log", record=self.record,
+        )
+        try:
+            self._firmware.launch()
+            counters = platform.plugin_counters()
+            counters.set_clock(platform.config.cpu.insn_ps, self.profile["latency.host_dram_ns"] * 1000)
+            counters.set_mode(True)
+        except BaseException:
+            self.abort()
+            raise
+        log.info("design %s attached live", self.design)
+
+    def check(self) -> None:
+        """Raise :class:`FirmwareError` if the firmware died or the plugin gave up on it."""
+        self.firmware.check()
+        with RequestRing(self.platform.plugin_files().ring, consume=False) as observer:
+            try:
+                observer.check()
+            except RingError as error:
+                raise FirmwareError(f"the plugin gave up on the firmware: {error}") from None
+
+    def stop(self) -> dict[str, Any]:
+        """Deactivate the plugin, let the firmware finish, return its results."""
+        counters = self.platform.plugin_counters()
+        try:
+            counters.set_mode(False)
+        except BaseException:
+            self.abort()
+            raise
+        self.results = self.firmware.stop()
+        self.results["plugin"] = {"markers_ignored": counters.markers_ignored}
+        self._firmware = None
+        return self.results
+
+    def abort(self) -> None:
+        """Stop the firmware at once and put the plugin back to sleep (best effort)."""
+        if self._firmware is not None:
+            self._firmware.kill()
+            self._firmware = None
+        with contextlib.suppress(Exception):
+            self.platform.plugin_counters().set_mode(False, wait_s=10.0)

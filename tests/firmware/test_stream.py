@@ -1,0 +1,97 @@
+"""The stream server: markers split the stream, ROI results in modelled time,
+the same answers from the replay driver."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from cxlssd.firmware.controller import Controller
+from cxlssd.firmware.profile import load_profile
+from cxlssd.firmware.replay import replay_file
+from cxlssd.firmware.request import FLAG_POSTED, REQUEST_DTYPE, Op, make_requests
+from cxlssd.firmware.stream import CMD_ROI_BEGIN, CMD_ROI_END, StreamServer, counter_delta
+from cxlssd.firmware.trace import TraceWriter
+
+DRAM_NS = 46  # the dram-only design answers every request at host DRAM latency
+
+
+def marker(cmd: int, roi: int, time_ns: int, event: int = 0, vcpu: int = 0) -> np.ndarray:
+    record = np.zeros(1, dtype=REQUEST_DTYPE)
+    record[0] = (time_ns, event << 16 | roi, vcpu, 0, Op.MARKER, cmd, 0)
+    return record
+
+
+def stream() -> np.ndarray:
+    """10 reads before the ROI, 100 reads and 50 posted writes in it, 10 after."""
+    reads = make_requests(np.arange(160) * 64, Op.READ, time_ns=np.arange(160) * 10)
+    reads["op"][110:160] = Op.WRITE
+    reads["flags"][110:160] = FLAG_POSTED
+    inside = np.concatenate([reads[10:110], reads[110:160]])
+    return np.concatenate([
+        reads[:10], marker(CMD_ROI_BEGIN, 7, 100), inside, marker(CMD_ROI_END, 7, 5000, event=1),
+        make_requests(np.arange(10) * 64, time_ns=6000 + np.arange(10)),
+    ])
+
+
+def dram_only() -> Controller:
+    return Controller.from_profile(load_profile("dram-only"))
+
+
+def test_roi_time_is_local_clock_plus_charged_stall() -> None:
+    server = StreamServer(dram_only())
+    records = stream()
+    for piece in np.array_split(records, 7):  # markers anywhere in a chunk, or at its edges
+        server.serve(piece)
+    assert server.markers == 2 and server.requests == records.shape[0] - 2
+    (roi,) = server.results
+    # 100 blocking reads in the ROI; the 50 posted writes cost the vCPU nothing.
+    assert roi["device_stall_ns"] == 100 * DRAM_NS
+    assert roi["local_ns"] == 5000 - 100
+    assert roi["modelled_ns"] == roi["local_ns"] + roi["device_stall_ns"]
+    assert roi["begin_ns"] == 100 + 10 * DRAM_NS  # the 10 reads before it stalled the vCPU
+    assert roi["device"]["model"]["reads"] == 100 and roi["device"]["model"]["writes"] == 50
+    assert roi["latency_by_source"] == {
+        "read": {"dram": {"requests": 100, "mean_latency_ns": DRAM_NS}},
+        "write": {"dram": {"requests": 50, "mean_latency_ns": DRAM_NS}},
+    }
+    assert "cpu" not in roi  # no plugin counters in a replay
+
+
+def test_unmatched_markers_are_reported_not_fatal() -> None:
+    server = StreamServer(dram_only())
+    server.serve(np.concatenate([marker(CMD_ROI_END, 1, 10), marker(CMD_ROI_BEGIN, 2, 20)]))
+    assert server.results == [] and server.unfinished() == [{"roi": 2, "vcpu": 0}]
+
+
+def test_cpu_counters_come_from_the_lookup_by_event_index() -> None:
+    seen: list[int] = []
+
+    def lookup(event: int) -> dict[str, int]:
+        seen.append(event)
+        return {"insns": 1000 * (event + 1), "llc_misses_dram": 5 * event}
+
+    server = StreamServer(dram_only(), lookup)
+    server.serve(stream())
+    assert seen == [0, 1]
+    assert server.results[0]["cpu"] == {"insns": 1000, "llc_misses_dram": 5}
+
+
+def test_counter_delta_subtracts_counts_keeps_gauges_drops_ratios() -> None:
+    after = {"model": {"reads": 10, "cache_hit_rate": 0.5}, "cache": {"occupied_pages": 7, "evictions": 4}}
+    before = {"model": {"reads": 4, "cache_hit_rate": 0.1}, "cache": {"occupied_pages": 3, "evictions": 1}}
+    expected = {"model": {"reads": 6}, "cache": {"occupied_pages": 7, "evictions": 3}}
+    assert counter_delta(after, before) == expected
+
+
+def test_a_trace_with_markers_replays_to_the_same_roi_results(tmp_path: Path) -> None:
+    records = stream()
+    live = StreamServer(Controller.from_profile(load_profile("skybyte-full")))
+    live.serve(records)
+    path = tmp_path / "marked.trace"
+    with TraceWriter(path, {"source": "test"}) as writer:
+        writer.write(records)
+    replayed = replay_file(path, load_profile("skybyte-full"))
+    assert replayed["rois"] == live.results
+    assert replayed["counters"] == live.summary()["counters"]
