@@ -1,0 +1,77 @@
+"""CLI sub-commands of the experiments area: ``run``, ``demo`` (the main job), ``bench-plugin``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from cxlssd.experiments import bench_plugin
+from cxlssd.experiments.report import table_lines, write_results
+from cxlssd.experiments.runner import ExperimentRunner
+from cxlssd.experiments.spec import DEMO_FILE, Experiment, load_experiment
+from cxlssd.platform.config import format_size
+
+log = logging.getLogger(__name__)
+
+
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    run = subparsers.add_parser(
+        "run", help="run an experiment (designs x workloads, firmware attached live); resumable",
+        description="Boot the experiment's platform once, run every point not yet in --out "
+        "(an interrupted run resumes), then write results.csv, results.json, report.md and plots.",
+    )
+    run.add_argument("experiment", type=Path, help="experiment YAML (see experiments/demo.yaml)")
+    run.add_argument("--out", type=Path, help="results directory (default: results/NAME)")
+    run.set_defaults(handler=cmd_run)
+
+    demo = subparsers.add_parser(
+        "demo", help="the main job: the built-in experiment (a few workloads x base-cssd / "
+        "skybyte-full / dram-only), about 15 minutes, table and plots at the end",
+    )
+    demo.add_argument("--out", type=Path, help="results directory (default: results/demo)")
+    demo.set_defaults(handler=cmd_demo)
+
+    bench = subparsers.add_parser(
+        "bench-plugin",
+        help="guest slowdown: plain TCG vs the dormant plugin vs a design attached live",
+        description=bench_plugin.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bench_plugin.add_arguments(bench)
+    bench.set_defaults(handler=bench_plugin.run)
+
+
+def run_experiment(experiment: Experiment, out: Path | None) -> int:
+    out_dir = out or Path("results") / experiment.name
+    points = experiment.points()
+    print(f"== experiment {experiment.name}: {len(experiment.designs)} designs x "
+          f"{len(points) // len(experiment.designs)} workload cases = {len(points)} points, "
+          f"results in {out_dir}/ (modelled time; an interrupted run resumes)")
+    rows = ExperimentRunner(experiment, out_dir).run()
+    written = write_results(experiment, rows, out_dir)
+    for line in table_lines(experiment, written["table"]):
+        print(f"   {line}")
+    print(f"== report: {out_dir / 'report.md'}")
+    print("== plots: " + ", ".join(str(p) for p in written["plots"] if p.suffix == ".png"))
+    if written["failed"]:
+        print(f"== SELF-CHECK FAILED: {', '.join(written['failed'])}")
+        return 1
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    return run_experiment(load_experiment(args.experiment), args.out)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    experiment = load_experiment(DEMO_FILE)
+    from cxlssd.platform.config import load_config
+
+    config = load_config(experiment.platform)
+    devices = ", ".join(format_size(d.size_bytes) for d in config.cxl_devices)
+    print(f"== the demo: one guest ({format_size(config.guest.dram_bytes)} DRAM on node 0, CXL Type-3 "
+          f"{devices} on node 1) running each workload under each design with the SSD firmware attached")
+    return run_experiment(experiment, args.out)

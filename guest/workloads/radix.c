@@ -1,0 +1,114 @@
+/*
+ * radix - LSD radix sort of 64-bit keys (cxlssd guest workload).
+ *
+ * --keys N uniform random 64-bit keys (splitmix64 from --seed) are sorted by 8 passes of
+ * 8-bit digits, least significant first, between the key array and a buffer of the same
+ * size: ROI --roi (1) is the whole sort, one read pass that counts all 8 digit histograms
+ * and 8 scatter passes (a sequential read, 256 sequential write streams each).
+ * Self-check: the result is in order and holds the same multiset of keys (its sum, and the
+ * sum of a hash of each key, equal the input's). One JSON line on stdout; exit 0, 1 if the
+ * check failed, 2 for a usage error.
+ */
+#include "common.h"
+
+#define DIGIT_BITS 8u
+#define RADIX (1u << DIGIT_BITS)
+#define PASSES (64u / DIGIT_BITS)
+#define DEFAULT_KEYS (1u << 20)
+#define BYTES_PER_KEY (2 * sizeof(uint64_t)) /* the keys and the buffer */
+#define MAX_KEYS (UINT64_MAX / BYTES_PER_KEY)
+
+static const char USAGE[] =
+    "usage: radix [--keys N | --footprint BYTES] [--seed S] [--roi ID]\n"
+    "  --keys        64-bit keys to sort (default 1M)\n"
+    "  --footprint   pick the keys so that keys and buffer (16 bytes a key) fit BYTES\n" WL_COMMON_USAGE;
+
+struct options {
+    uint64_t keys;
+    struct wl_common common;
+};
+
+static struct options parse_options(int argc, char **argv)
+{
+    struct options opt = {.keys = DEFAULT_KEYS, .common = WL_COMMON_DEFAULTS};
+    struct wl_option options[] = {WL_SIZED("keys", &opt.keys, 1, MAX_KEYS), WL_END};
+    wl_parse(argc, argv, options, &opt.common);
+    if (opt.common.footprint != 0)
+        opt.keys = wl_footprint_items(&opt.common, "keys", BYTES_PER_KEY, 0, 1, MAX_KEYS);
+    return opt;
+}
+
+/* Sum of the keys, and sum of a hash of each: equal for the same multiset, in any order. */
+struct multiset {
+    uint64_t sum, hashes;
+};
+
+static void add_key(struct multiset *m, uint64_t key)
+{
+    m->sum += key;
+    m->hashes += wl_mix64(key);
+}
+
+/* Sort keys[0 .. n) using buffer[0 .. n); an even number of passes leaves the result in keys. */
+__attribute__((noinline)) static void radix_sort(uint64_t *keys, uint64_t *buffer, uint64_t n)
+{
+    uint64_t counts[PASSES][RADIX] = {{0}};
+    for (uint64_t i = 0; i < n; i++) {
+        const uint64_t key = keys[i];
+        for (unsigned pass = 0; pass < PASSES; pass++)
+            counts[pass][(key >> (pass * DIGIT_BITS)) & (RADIX - 1)]++;
+    }
+    uint64_t *from = keys, *to = buffer;
+    for (unsigned pass = 0; pass < PASSES; pass++) {
+        uint64_t next[RADIX], start = 0; /* where the next key with each digit goes */
+        for (unsigned digit = 0; digit < RADIX; digit++) {
+            next[digit] = start;
+            start += counts[pass][digit];
+        }
+        const unsigned shift = pass * DIGIT_BITS;
+        for (uint64_t i = 0; i < n; i++) {
+            const uint64_t key = from[i];
+            to[next[(key >> shift) & (RADIX - 1)]++] = key;
+        }
+        uint64_t *swap = from;
+        from = to;
+        to = swap;
+    }
+}
+
+_Static_assert(PASSES % 2 == 0, "the sorted keys end in the key array");
+
+int main(int argc, char **argv)
+{
+    wl_start("radix", USAGE);
+    const struct options opt = parse_options(argc, argv);
+    const uint64_t n = opt.keys;
+    uint64_t *keys = wl_alloc(n * sizeof(uint64_t)), *buffer = wl_alloc(n * sizeof(uint64_t));
+    uint64_t state = wl_stream(opt.common.seed, 1);
+    struct multiset input = {0}, output = {0};
+    for (uint64_t i = 0; i < n; i++) {
+        keys[i] = wl_next(&state);
+        add_key(&input, keys[i]);
+    }
+
+    wl_roi_begin(&opt.common);
+    radix_sort(keys, buffer, n);
+    wl_roi_end(&opt.common, &keys[n / 2], sizeof keys[0]);
+
+    bool sorted = true;
+    for (uint64_t i = 0; i < n; i++) {
+        sorted &= i == 0 || keys[i - 1] <= keys[i];
+        add_key(&output, keys[i]);
+    }
+    const bool ok = sorted && output.sum == input.sum && output.hashes == input.hashes;
+
+    struct wl_json j = wl_report_begin();
+    wl_json_u64(&j, "keys", n);
+    wl_report_data(&j, &opt.common);
+    wl_json_u64(&j, "passes", PASSES);
+    wl_json_u64(&j, "digit_bits", DIGIT_BITS);
+    wl_json_bool(&j, "sorted", sorted);
+    wl_json_u64(&j, "min_key", keys[0]);
+    wl_json_u64(&j, "max_key", keys[n - 1]);
+    return wl_report_end(&j, ok, output.hashes);
+}

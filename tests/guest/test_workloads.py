@@ -1,0 +1,289 @@
+"""The workload suite (guest/workloads/, docs/workloads.md) without a guest: built with the
+runtime, run on the host (where the ROI markers are plain NOPs) at their small defaults
+and a second parameter set, their reports, self-checks, determinism, usage errors, and the
+marker bytes in each binary."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cxlssd.guest.runtime import build
+from cxlssd.guest.runtime.build import ensure_runtime
+
+WORKLOADS = build.WORKLOADS
+ROI_BEGIN, ROI_END = 1, 2
+RUN_TIMEOUT_S = 60
+COMMON_FIELDS = {"workload", "params", "footprint_bytes", "check_bytes", "check_ok", "checksum"}
+# What each workload reports besides the common fields.
+RESULT_FIELDS = {
+    "graph": {"edges", "reached"},
+    "radix": {"passes", "sorted", "min_key", "max_key"},
+    "srad": {"mean", "q0sqr_last", "pixels_compared", "finite"},
+    "kvstore": {"reads", "updates", "failures"},
+    "dlrm": {"lookups", "bytes_gathered"},
+}
+# Small runs of every workload (and kernel), for the tests of checksums and checks.
+SMALL = [
+    ("graph", ["--vertices", "4096"]),
+    ("graph", ["--vertices", "4096", "--kernel", "bc", "--sources", "2"]),
+    ("radix", ["--keys", "10000"]),
+    ("srad", ["--width", "64", "--height", "48", "--iterations", "3"]),
+    ("kvstore", ["--records", "2000", "--ops", "5000"]),
+    ("dlrm", ["--rows", "500", "--batches", "3"]),
+]
+
+
+def marker(cmd: int, roi_id: int) -> bytes:
+    """The 8 bytes of a marker: nopl disp32(%rax,%rax,1) with the command and id in disp32."""
+    return b"\x0f\x1f\x84\x00" + struct.pack("<I", 0xC5000000 | cmd << 16 | roi_id)
+
+
+@pytest.fixture(scope="module")
+def runtime() -> Path:
+    return ensure_runtime()
+
+
+def run(
+    runtime: Path, name: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(runtime / "bin" / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        env=env,
+    )
+
+
+def report(runtime: Path, name: str, *args: str) -> dict[str, Any]:
+    """The JSON report of a successful run, with the fields every workload has checked."""
+    result = run(runtime, name, *args)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("\n") == 1 and result.stdout.endswith("\n")
+    data: dict[str, Any] = json.loads(result.stdout)
+    assert COMMON_FIELDS | RESULT_FIELDS[name] <= data.keys(), data
+    assert data["workload"] == name and data["check_ok"] is True
+    assert isinstance(data["checksum"], int) and 0 <= data["checksum"] < 2**64
+    assert isinstance(data["footprint_bytes"], int) and data["footprint_bytes"] > 0
+    assert isinstance(data["check_bytes"], int) and data["check_bytes"] >= 0
+    assert isinstance(data["params"], dict)
+    return data
+
+
+# -- the build -----------------------------------------------------------------------------
+
+
+def test_every_workload_is_built_and_installed_with_the_runtime(runtime: Path) -> None:
+    steps = {step.output: step for step in build.STEPS}
+    for name in WORKLOADS:
+        step = steps[f"bin/{name}"]
+        assert step.sources == (f"../workloads/{name}.c", build.LIBRARY_SOURCE) and step.libraries == ("m",)
+        assert os.access(runtime / "bin" / name, os.X_OK)
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_binary_contains_the_roi_markers(runtime: Path, name: str) -> None:
+    code = (runtime / "bin" / name).read_bytes()
+    # --roi ID goes through the compiled-in runtime functions: one marker per id, 1 the default.
+    for roi_id in (1, 0, 255):
+        assert code.count(marker(ROI_BEGIN, roi_id)) == 1
+        assert code.count(marker(ROI_END, roi_id)) == 1
+
+
+# -- runs ----------------------------------------------------------------------------------
+
+
+def test_graph_bfs_default(runtime: Path) -> None:
+    data = report(runtime, "graph")
+    assert data["params"] == {"kernel": "bfs", "vertices": 65536, "degree": 16, "seed": 1, "roi": 1}
+    # Chung-Lu with mean degree 16: nearly every vertex is in the hub's component, a few levels deep.
+    assert 0.95 * 65536 < data["reached"] <= 65536 and 3 <= data["levels"] <= 10
+    assert 0.99 * 65536 * 8 < data["edges"] <= 65536 * 8
+    assert data["edges_scanned"] <= 2 * data["edges"]
+    # offsets, adjacency, level, queue
+    assert data["footprint_bytes"] == 8 * 65537 + 4 * 2 * data["edges"] + 8 * 65536
+
+
+def test_graph_bc_from_a_footprint(runtime: Path) -> None:
+    data = report(runtime, "graph", "--kernel", "bc", "--footprint", "1M", "--degree", "8", "--sources", "3")
+    params = data["params"]
+    assert params["kernel"] == "bc" and params["sources"] == 3 and params["footprint"] == 2**20
+    # 8 + 4 * 8 (CSR) + 32 (dist, sigma, delta, score, queue) bytes a vertex
+    assert params["vertices"] == (2**20 - 8 - 12) // 72
+    assert 0.98 * 2**20 < data["footprint_bytes"] <= 2**20
+    assert data["reached"] <= 3 * params["vertices"] and data["score_sum"] > 0
+
+
+def test_radix(runtime: Path) -> None:
+    data = report(runtime, "radix")
+    assert data["params"]["keys"] == 2**20 and data["footprint_bytes"] == 16 * 2**20
+    assert data["sorted"] is True and data["passes"] == 8 and data["min_key"] <= data["max_key"]
+    data = report(runtime, "radix", "--footprint", "1M", "--seed", "9", "--roi", "7")
+    assert data["params"] == {"keys": 65536, "footprint": 2**20, "seed": 9, "roi": 7}
+    single = report(runtime, "radix", "--keys", "1")
+    assert single["min_key"] == single["max_key"] and single["sorted"] is True
+
+
+def test_srad(runtime: Path) -> None:
+    data = report(runtime, "srad")
+    assert data["params"] == {
+        "width": 512,
+        "height": 512,
+        "iterations": 10,
+        "lambda": 0.5,
+        "seed": 1,
+        "roi": 1,
+    }
+    assert data["footprint_bytes"] == 24 * 512 * 512 + 4 * 10
+    # Diffusion keeps the mean of exp(u), u uniform in [0, 1): e - 1, and smooths the image.
+    assert abs(data["mean"] - 1.718) < 0.01 and data["finite"] is True
+    # The windows: the 128x128 statistic region and the 16x16 corner.
+    assert data["pixels_compared"] == 128 * 128 + 16 * 16
+
+    data = report(
+        runtime, "srad", "--width", "300", "--height", "77", "--iterations", "20", "--lambda", "0.25"
+    )
+    assert data["params"]["width"] == 300 and data["params"]["height"] == 77
+    # The top-left window holds the whole height: rows 0..76, columns 0..127 compared.
+    assert data["pixels_compared"] == 77 * 128 + 16 * 16
+    assert report(runtime, "srad", "--footprint", "1M")["params"]["width"] == 209  # sqrt(1 MiB / 24)
+
+
+def test_kvstore(runtime: Path) -> None:
+    data = report(runtime, "kvstore")
+    assert (
+        data["params"]["mix"] == "a"
+        and data["params"]["records"] == 100000
+        and data["params"]["ops"] == 200000
+    )
+    assert data["reads"] + data["updates"] == 200000 and abs(data["reads"] - 100000) < 2000
+    assert data["failures"] == 0 and data["footprint_bytes"] == 160 * 100000
+    assert data["check_bytes"] == 4 * 100000  # the replay's shadow versions
+
+    data = report(runtime, "kvstore", "--mix", "b", "--footprint", "4M", "--ops", "50K", "--theta", "0.5")
+    assert data["params"]["records"] == 4 * 2**20 // 160 and data["params"]["theta"] == 0.5
+    assert data["reads"] + data["updates"] == 50 * 1024 and abs(data["updates"] - 0.05 * 50 * 1024) < 300
+    assert report(runtime, "kvstore", "--mix", "c", "--records", "2000")["updates"] == 0
+
+
+def test_dlrm(runtime: Path) -> None:
+    data = report(runtime, "dlrm")
+    params = data["params"]
+    assert (params["tables"], params["rows"], params["dim"], params["dist"]) == (8, 16384, 64, "zipf")
+    assert data["lookups"] == 16 * 8 * 128 * 32 and data["bytes_gathered"] == data["lookups"] * 64 * 4
+
+    # 21 floats a row: a cache line of columns pooled as vectors, 5 one at a time
+    args = ["--dist", "uniform", "--tables", "3", "--dim", "21", "--batches", "5", "--batch-size", "7"]
+    data = report(runtime, "dlrm", *args, "--pooling", "3", "--footprint", "64K")
+    assert data["params"]["dist"] == "uniform" and "theta" not in data["params"]
+    assert 0.99 * 65536 < data["footprint_bytes"] <= 65536 and data["lookups"] == 5 * 3 * 7 * 3
+
+
+@pytest.mark.parametrize(("name", "args"), SMALL)
+def test_same_seed_same_checksum_other_seed_other_checksum(runtime: Path, name: str, args: list[str]) -> None:
+    checksums = [report(runtime, name, *args, "--seed", seed)["checksum"] for seed in ("3", "3", "4")]
+    assert checksums[0] == checksums[1] != checksums[2]
+
+
+@pytest.mark.parametrize(("name", "args"), SMALL)
+def test_a_fault_after_the_roi_fails_the_check(runtime: Path, name: str, args: list[str]) -> None:
+    """CXLSSD_WORKLOAD_FAULT flips a bit of the result the check covers: check_ok false, exit 1."""
+    result = run(runtime, name, *args, env={**os.environ, "CXLSSD_WORKLOAD_FAULT": "1"})
+    assert result.returncode == 1, result.stderr
+    assert json.loads(result.stdout)["check_ok"] is False
+
+
+# -- usage ---------------------------------------------------------------------------------
+
+
+# Every workload takes the common options.
+COMMON_BAD_ARGUMENTS = [
+    (["--footprint", "12X"], "--footprint: '12X' is not a valid size"),
+    (["--footprint", "0"], "--footprint 0: must be 1.."),
+    (["--footprint"], "--footprint needs a value"),
+    (["--seed", "-1"], "--seed: '-1' is not a valid count"),
+    (["--roi", "256"], "--roi 256: must be 0..255"),
+    (["--colour"], "unknown option --colour"),
+    (["extra"], "unexpected argument 'extra'"),
+]
+BAD_ARGUMENTS = [(name, args, message) for name in WORKLOADS for args, message in COMMON_BAD_ARGUMENTS] + [
+    ("graph", ["--kernel", "dfs"], "--kernel: 'dfs' is not one of bfs, bc"),
+    ("graph", ["--vertices", "1"], "--vertices 1: must be 2..2147483648"),
+    ("graph", ["--vertices", "1K", "--footprint", "1M"], "--footprint and --vertices are exclusive"),
+    ("graph", ["--kernel", "bc", "--vertices", "10", "--sources", "11"], "more than the 10 vertices"),
+    ("graph", ["--footprint", "100"], "--footprint 100 is too small"),
+    ("graph", ["--degree", "0"], "--degree 0: must be 1..65536"),
+    ("radix", ["--footprint", "8"], "--footprint 8 is too small"),
+    ("radix", ["--keys", "0"], "--keys 0: must be 1.."),
+    ("srad", ["--lambda", "1.5"], "--lambda 1.5: must be strictly between 0 and 1"),
+    ("srad", ["--lambda", "half"], "--lambda: 'half' is not a number"),
+    ("srad", ["--width", "2"], "--width 2: must be 4.."),
+    ("srad", ["--iterations", "0"], "--iterations 0: must be 1.."),
+    ("srad", ["--footprint", "300"], "--footprint 300 is too small"),
+    ("kvstore", ["--mix", "d"], "--mix: 'd' is not one of a, b, c"),
+    ("kvstore", ["--theta", "1"], "--theta 1: must be strictly between 0 and 1"),
+    ("kvstore", ["--records", "5", "--footprint", "1M"], "--footprint and --records are exclusive"),
+    ("dlrm", ["--dist", "normal"], "--dist: 'normal' is not one of zipf, uniform"),
+    ("dlrm", ["--footprint", "1M"], "--footprint 1048576 is too small"),
+    ("dlrm", ["--pooling", "0"], "--pooling 0: must be 1.."),
+]
+
+
+@pytest.mark.parametrize(("name", "args", "message"), BAD_ARGUMENTS)
+def test_bad_arguments_exit_2_with_usage(runtime: Path, name: str, args: list[str], message: str) -> None:
+    result = run(runtime, name, *args)
+    assert result.returncode == 2
+    assert message in result.stderr and f"usage: {name} " in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_help_prints_the_usage(runtime: Path, name: str) -> None:
+    result = run(runtime, name, "--help")
+    assert (
+        result.returncode == 0
+        and result.stdout.startswith(f"usage: {name} ")
+        and "--footprint" in result.stdout
+    )
+
+
+def test_netkv_serves_and_drives_over_loopback(runtime: Path) -> None:
+    """The network workload on the host (its markers are NOPs here): the driver's
+    reads all return the versions it wrote; --stop gets the server's report."""
+    env = {**os.environ, "PYTHONPATH": str(runtime / "python"),
+           "CXLSSD_LIB": str(runtime / "lib/libcxlssd.so")}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    server = subprocess.Popen(
+        [sys.executable, "-m", "netkv", "serve", "--port", port, "--records", "300"],
+        env=env, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert server.stdout is not None and json.loads(server.stdout.readline()) == {"listening": int(port)}
+        driver = subprocess.run(
+            [sys.executable, "-m", "netkv", "drive", "--server", "127.0.0.1", "--port", port,
+             "--records", "300", "--ops", "600", "--mix", "a", "--stop"],
+            env=env, capture_output=True, text=True, timeout=60,
+        )
+        assert driver.returncode == 0, driver.stderr
+        report = json.loads(driver.stdout)
+        assert report["check_ok"] and report["reads"] + report["updates"] == 600 and report["failures"] == 0
+        expected = {"workload": "netkv-serve", "requests": 601, "records": 300, "check_ok": True}
+        assert report["server"] == expected
+        assert server.wait(timeout=30) == 0
+    finally:
+        server.kill()
+        server.wait()
+    bad = subprocess.run([sys.executable, "-m", "netkv", "drive", "--server", "x", "--ops", "0"],
+                         env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "must be positive" in bad.stderr
