@@ -209,6 +209,11 @@ def write_results(experiment: Experiment, rows: dict[str, dict[str, Any]], out_d
         reduction = _fmt(means["flash_traffic_reduction"], ".2f")
         lines.append(f"| {design} | {_fmt(means['speedup'], '.2f')} | "
                      f"{_fmt(means['fraction_of_ideal'], '.1%')} | {reduction} |")
+    injected = [(key, row["knobs"]) for key, row in rows.items() if row.get("knobs")]
+    if injected:
+        lines += ["", "## Injections (firmware knobs; modelled times in ns)", ""]
+        for key, knobs in injected:
+            lines.append(f"- `{key}`: " + "; ".join(json.dumps(k, sort_keys=True) for k in knobs))
     if experiment.notes:
         lines += ["", "## Notes", "", experiment.notes.strip()]
     if missing:

@@ -13,6 +13,8 @@ Example (``experiments/demo.yaml``)::
         sweep: {footprint: [16M, 32M]}   # one point per value (a product over keys)
       - name: kvstore-a
         command: [kvstore, --footprint, 16M, --mix, a]
+        inject:                    # a scenario: firmware knobs at modelled times
+          - {at_ms: 5, kind: latency-spike, extra_ns: 2000, duration_ms: 10}
     overrides: {}                  # profile overrides for every design (--set)
     notes: |                       # copied into report.md: what a reader must know
 
@@ -32,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cxlssd.errors import ConfigError
+from cxlssd.errors import ConfigError, InputError
+from cxlssd.firmware.knobs import FirmwareKnob, knob_from_dict
 from cxlssd.firmware.profile import load_profile
 from cxlssd.platform.config import CONFIG_DIR
 from cxlssd.yamlfile import read_yaml
@@ -51,6 +54,7 @@ class Point:
     design: str
     params: dict[str, str]
     command: tuple[str, ...]
+    inject: tuple[tuple[float, FirmwareKnob], ...] = ()
 
     @property
     def key(self) -> str:
@@ -73,6 +77,8 @@ class Workload:
     name: str
     command: tuple[str, ...]
     sweep: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # (at_ms, knob): applied that long in modelled time after the point's first request
+    inject: tuple[tuple[float, FirmwareKnob], ...] = ()
 
     def cases(self) -> list[tuple[dict[str, str], tuple[str, ...]]]:
         """(params, command) for each combination of the sweep values."""
@@ -99,7 +105,7 @@ class Experiment:
     def points(self) -> list[Point]:
         """Every point, workload-major (all designs of a case run back to back)."""
         return [
-            Point(w.name, design, params, command)
+            Point(w.name, design, params, command, w.inject)
             for w in self.workloads
             for params, command in w.cases()
             for design in self.designs
@@ -123,7 +129,7 @@ def _strings(value: object, where: str) -> tuple[str, ...]:
 def _workload(raw: object, where: str) -> Workload:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping with name and command")
-    _check_keys(raw, {"name", "command", "sweep"}, where)
+    _check_keys(raw, {"name", "command", "sweep", "inject"}, where)
     name = raw.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
         raise ConfigError(f"{where}: name {name!r} must be 1-64 letters, digits, '.', '-' or '_'")
@@ -138,7 +144,26 @@ def _workload(raw: object, where: str) -> Workload:
         raise ConfigError(f"{where}.command uses {{{missing}}} but sweep gives it no values")
     if set(sweep) - used:
         raise ConfigError(f"{where}.sweep: {sorted(set(sweep) - used)[0]} is not used in the command")
-    return Workload(name, command, sweep)
+    return Workload(name, command, sweep, _scenario(raw.get("inject") or [], f"{where}.inject"))
+
+
+def _scenario(raw: object, where: str) -> tuple[tuple[float, FirmwareKnob], ...]:
+    """Firmware knobs at modelled times (docs/inject.md): [{at_ms, kind, ...}, ...]."""
+    if not isinstance(raw, list):
+        raise ConfigError(f"{where}: expected a list of {{at_ms: T, kind: KNOB, ...}}")
+    events = []
+    for i, entry in enumerate(raw):
+        if not isinstance(entry, dict) or "at_ms" not in entry:
+            raise ConfigError(f"{where}[{i}]: needs at_ms (modelled ms after the first request) and a kind")
+        at_ms = entry["at_ms"]
+        if isinstance(at_ms, bool) or not isinstance(at_ms, int | float) or not 0 <= at_ms <= 3_600_000:
+            raise ConfigError(f"{where}[{i}].at_ms: expected 0..3600000 ms, got {at_ms!r}")
+        try:
+            knob = knob_from_dict({k: v for k, v in entry.items() if k != "at_ms"})
+        except InputError as error:
+            raise ConfigError(f"{where}[{i}]: {error}") from None
+        events.append((float(at_ms), knob))
+    return tuple(events)
 
 
 def _platform_path(value: object, base: Path, where: str) -> Path:

@@ -28,7 +28,7 @@ delay, the switch cost) is charged to its vCPU; a write too, unless it carries
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -152,9 +152,7 @@ class Controller:
         self.compute_timebase = timebase == "compute"
         self.vectorize = vectorize
         self.counters = ModelCounters()
-        self._lat_table = latencies.by_source()
-        self._lat_hit = latencies.cxl_link_ns + latencies.hit_ns
-        self._lat_append = latencies.cxl_link_ns + latencies.log_append_ns
+        self.set_latencies()  # derived per-source latencies
         self._seq = 0  # requests served so far (recency stamps)
         self._vcpu_stall_ns = [0] * (1 << 16)  # charged stall per vCPU (compute timebase)
         self._vec_window = _VEC_START
@@ -292,6 +290,25 @@ class Controller:
     def pending_promotions(self) -> np.ndarray:
         """Pages the firmware decided to promote that the host has not promoted yet."""
         return np.flatnonzero(self.pending)
+
+    def set_latencies(self, **changes: int) -> None:
+        """Change fixed latencies (``cxl_link_ns=...``) from the next request on
+        (firmware knobs); the derived per-source latencies follow."""
+        self.latencies = replace(self.latencies, **changes)
+        self._lat_table = self.latencies.by_source()
+        self._lat_hit = self.latencies.cxl_link_ns + self.latencies.hit_ns
+        self._lat_append = self.latencies.cxl_link_ns + self.latencies.log_append_ns
+
+    def flash_timeline(self) -> FlashTimeline:
+        """The flash timing model (its read/program/erase times can change at run time)."""
+        if self.flash is None:
+            raise InputError("a dram-only design has no flash")
+        return self.flash.timeline
+
+    @property
+    def now_ns(self) -> int:
+        """The firmware's clock: the latest request start it has seen."""
+        return self._clock_ns
 
     def vcpu_stall_ns(self, vcpu: int) -> int:
         """The stall charged to ``vcpu`` so far (what its modelled clock adds to

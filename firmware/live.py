@@ -29,6 +29,7 @@ ring is full.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -66,6 +67,10 @@ class LiveDriver(Lifecycle):
         self.ring_path = Path(ring_path)
         self.controller = controller
         self.server = StreamServer(controller, cpu_counters, on_clock)
+        # Work for the serving thread, run before its next chunk (firmware knobs):
+        # the controller is only ever touched by that thread.
+        self._calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self.before_chunk: Callable[[], None] | None = None
         self.record = record
         self.metadata = metadata or {}
         self.chunk_records = chunk_records
@@ -133,7 +138,15 @@ class LiveDriver(Lifecycle):
 
     # -- serving -----------------------------------------------------------------------
 
+    def call_soon(self, call: Callable[[], None]) -> None:
+        """Run ``call`` in the serving thread before it serves the next chunk."""
+        self._calls.put(call)
+
     def _serve_once(self, ring: RequestRing) -> int:
+        while not self._calls.empty():
+            self._calls.get()()
+        if self.before_chunk is not None:
+            self.before_chunk()
         chunk = ring.peek(self.chunk_records)
         n = int(chunk.shape[0])
         if n:

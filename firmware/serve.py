@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -21,8 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cxlssd.errors import InputError
 from cxlssd.firmware.context_switch import NeverSwitch
 from cxlssd.firmware.controller import Controller
+from cxlssd.firmware.knobs import FirmwareKnob, KnobController, knob_from_dict, knob_to_dict
 from cxlssd.firmware.live import LiveDriver
 from cxlssd.firmware.profile import Profile
 from cxlssd.platform.plugin.counters import PluginCounters
@@ -42,6 +45,46 @@ def _cpu_counters(counters: PluginCounters) -> Any:
     return lookup
 
 
+class ControlFile:
+    """The knobs appended to the control file since the last look (one JSON object a
+    line; a line still being written is left for the next look; a bad line is logged
+    and skipped, never fatal: the guest's run goes on)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    def new_knobs(self) -> list[tuple[FirmwareKnob, float | None]]:
+        """(knob, at_ms): at_ms schedules it in modelled time after the first request."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return []
+        complete = data[: data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        knobs = []
+        for line in complete.decode(errors="replace").splitlines():
+            try:
+                raw = json.loads(line)
+                at_ms = raw.pop("at_ms", None) if isinstance(raw, dict) else None
+                knobs.append((knob_from_dict(raw), at_ms))
+            except (ValueError, InputError) as error:
+                log.error("firmware: ignoring control line %r: %s", line, error)
+        return knobs
+
+
+def _hand_over(control: ControlFile, knobs: KnobController, driver: LiveDriver) -> None:
+    """New knobs go to the serving thread: applied (or scheduled) before its next chunk."""
+    for knob, at_ms in control.new_knobs():
+        log.info("firmware knob: %s (at %s)", knob_to_dict(knob), "once" if at_ms is None else f"{at_ms} ms")
+        if at_ms is None:
+            driver.call_soon(functools.partial(knobs.apply, knob))
+        else:
+            driver.call_soon(functools.partial(knobs.schedule, knob, at_ms))
+
+
 def serve(
     ring_path: Path,
     profile: Profile,
@@ -50,6 +93,7 @@ def serve(
     record: Path | None = None,
     stop: threading.Event | None = None,
     pv_path: Path | None = None,
+    control_path: Path | None = None,
 ) -> dict[str, Any]:
     """Serve the ring until ``stop`` is set (SIGTERM/SIGINT set it when this
     runs in the main thread) or the plugin exits; write and return the results."""
@@ -89,9 +133,14 @@ def serve(
             cpu_counters=_cpu_counters(counters) if counters is not None else None,
             on_clock=page.publish if page is not None else None,
         )
+        knobs = KnobController(controller)
+        driver.before_chunk = knobs.tick
+        control = ControlFile(control_path) if control_path is not None else None
         with driver, RequestRing(ring_path, consume=False) as observer:
             log.info("firmware %s serving %s (pid %d)", profile.name, ring_path, os.getpid())
             while not stop.wait(POLL_S):
+                if control is not None:
+                    _hand_over(control, knobs, driver)
                 driver.check()
                 if observer.producer_exited:
                     log.info("QEMU exited: the firmware stops")
@@ -102,6 +151,7 @@ def serve(
             **driver.server.summary(),
             "driver": driver.stats(),
             "not_applied_live": not_applied,
+            "knobs": knobs.log,
             "served_at": time.time(),
         }
     staging = results_path.with_name(results_path.name + ".tmp")

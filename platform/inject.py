@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from cxlssd.errors import ConfigError, GuestError
+from cxlssd.firmware.knobs import FirmwareKnob, knob_to_dict
 from cxlssd.paths import runtime_root
+from cxlssd.platform.live import control_path
 from cxlssd.platform.machine import pid_file_alive
 
 if TYPE_CHECKING:
@@ -632,11 +634,34 @@ def prepare(
     return device, {"path": device.qom_path, **injection.arguments()}
 
 
-def inject(target: Platform | RunningInstance | str, injection: Injection) -> InjectionRecord:
-    """Validate ``injection`` against ``target``'s devices, then send it over QMP.
+def send_knob(
+    target: Platform | RunningInstance, knob: FirmwareKnob, at_ms: float | None = None
+) -> InjectionRecord:
+    """Hand ``knob`` to the firmware attached to ``target`` (its control file); with
+    ``at_ms``, the firmware applies it that long (modelled) after its first request."""
+    rundir = runtime_root() / target.name if isinstance(target, RunningInstance) else target.rundir
+    control = control_path(rundir) if rundir is not None else None
+    if control is None or not control.exists():
+        raise ConfigError(
+            f"no firmware is attached to instance {target.name}: firmware knobs act on a running "
+            "firmware; attach one first (./cxlssd guest exec --design NAME, ./cxlssd run)"
+        )
+    arguments = knob_to_dict(knob) if at_ms is None else {**knob_to_dict(knob), "at_ms": at_ms}
+    with open(control, "a") as stream:  # one short line: a single append, never interleaved
+        stream.write(json.dumps(arguments) + "\n")
+    return InjectionRecord(
+        instance=target.name, kind=knob.kind, command="firmware-knob", arguments=arguments
+    )
+
+
+def inject(target: Platform | RunningInstance | str, injection: Injection | FirmwareKnob) -> InjectionRecord:
+    """Validate ``injection`` against ``target``'s devices, then send it over QMP (or,
+    for a firmware knob, to the attached firmware).
     ``target``: a Platform of this process, a RunningInstance, or an instance name."""
     if isinstance(target, str):
         target = RunningInstance.find(target)
+    if not isinstance(injection, Injection):
+        return send_knob(target, injection)
     if isinstance(target, RunningInstance):
         device, arguments = prepare(injection, target.devices, target.name)
         reply = target.execute(injection.command, arguments)

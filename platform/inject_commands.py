@@ -7,6 +7,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 
+from cxlssd.firmware.knobs import KNOBS, FirmwareKnob, knob_from_dict
 from cxlssd.platform.inject import (
     CORRECTABLE_TYPES,
     DESCRIPTOR_BITS,
@@ -161,7 +162,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     mm.add_argument("--corrected-volatile-errors", type=_number, default=0)
     mm.add_argument("--corrected-persistent-errors", type=_number, default=0)
 
-    for kind_parser in (poison, unc, cor, gm, dram, mm):
+    # Firmware knobs: sent to the firmware attached to the instance (docs/inject.md).
+    flash = kinds.add_parser("flash-latency", help="firmware knob: flash read/program/erase time")
+    flash.add_argument("--read-ns", type=_number)
+    flash.add_argument("--program-ns", type=_number)
+    flash.add_argument("--erase-ns", type=_number)
+    link = kinds.add_parser("link-latency", help="firmware knob: extra CXL link latency (0 restores)")
+    link.add_argument("--extra-ns", type=_number, required=True)
+    spike = kinds.add_parser(
+        "latency-spike", help="firmware knob: extra link latency for N ms of modelled time"
+    )
+    spike.add_argument("--extra-ns", type=_number, required=True)
+    spike.add_argument("--duration-ms", type=float, required=True)
+
+    for kind_parser in (poison, unc, cor, gm, dram, mm, flash, link, spike):
         kind_parser.set_defaults(handler=run_inject)
 
 
@@ -170,8 +184,12 @@ def _optional(args: argparse.Namespace, *names: str) -> dict[str, object]:
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
-def build_injection(args: argparse.Namespace) -> Injection:
+def build_injection(args: argparse.Namespace) -> Injection | FirmwareKnob:
     """The injection the parsed command line asks for (checked as it is built)."""
+    if args.kind in KNOBS:
+        options = {k: v for k, v in vars(args).items() if k in ("read_ns", "program_ns", "erase_ns",
+                                                                 "extra_ns", "duration_ms") and v is not None}
+        return knob_from_dict({"kind": args.kind, **options})  # InputError names a bad value
     device = args.device
     if args.kind == "poison":
         return Poison(device=device, dpa=args.dpa, length=args.length)
@@ -215,6 +233,7 @@ def run_inject(args: argparse.Namespace) -> int:
     injection = build_injection(args)
     record = inject(args.instance, injection)
     where = f" (guest physical address {record.hpa:#x})" if record.hpa is not None else ""
-    log.info("injected %s into %s device %d%s", record.kind, record.instance, injection.device, where)
+    target = f"device {injection.device}" if isinstance(injection, Injection) else "firmware"
+    log.info("injected %s into %s %s%s", record.kind, record.instance, target, where)
     print(json.dumps(record.as_dict()))
     return 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -45,6 +46,11 @@ STOP_TIMEOUT_S = 600.0  # serving a full ring of flash misses takes a while
 LOG_TAIL_CHARS = 2000
 
 
+def control_path(rundir: Path) -> Path:
+    """The control file of the instance's firmware: it exists while one is attached."""
+    return rundir / "firmware.control"
+
+
 def _describe_exit(returncode: int) -> str:
     if returncode < 0:
         with contextlib.suppress(ValueError):
@@ -61,6 +67,7 @@ class FirmwareProcess:
         ring: Path,
         counters: Path,
         pv: Path,
+        control: Path,
         design: str,
         overrides: Sequence[str],
         results: Path,
@@ -70,6 +77,7 @@ class FirmwareProcess:
         self.ring = ring
         self.counters = counters
         self.pv = pv
+        self.control = control
         self.design = design
         self.overrides = list(overrides)
         self.results_path = results
@@ -83,7 +91,8 @@ class FirmwareProcess:
 
     def argv(self) -> list[str]:
         argv = [sys.executable, "-P", "-m", "cxlssd", "serve-firmware", "--ring", str(self.ring),
-                "--counters", str(self.counters), "--pv", str(self.pv), "--design", self.design,
+                "--counters", str(self.counters), "--pv", str(self.pv), "--control", str(self.control),
+                "--design", self.design,
                 "--results", str(self.results_path)]
         for override in self.overrides:
             argv += ["--set", override]
@@ -215,8 +224,12 @@ class LiveSession(Lifecycle):
     def start(self) -> None:
         platform = self.platform
         files = platform.plugin_files()
+        # Firmware knobs (./cxlssd inject ... flash-latency) are appended here while it runs.
+        control = control_path(files.ring.parent)
+        control.unlink(missing_ok=True)
+        os.close(os.open(control, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
         self._firmware = FirmwareProcess(
-            files.ring, files.counters, files.pv, self.design, self.overrides,
+            files.ring, files.counters, files.pv, control, self.design, self.overrides,
             results=files.ring.with_name("firmware-results.json"),
             log_path=platform.log_dir / "firmware.log", record=self.record,
         )
@@ -250,6 +263,7 @@ class LiveSession(Lifecycle):
         self.results = self.firmware.stop()
         self.results["plugin"] = {"markers_ignored": counters.markers_ignored}
         self._firmware = None
+        control_path(self.platform.plugin_files().ring.parent).unlink(missing_ok=True)
         return self.results
 
     def abort(self) -> None:
@@ -257,5 +271,7 @@ class LiveSession(Lifecycle):
         if self._firmware is not None:
             self._firmware.kill()
             self._firmware = None
+        with contextlib.suppress(Exception):
+            control_path(self.platform.plugin_files().ring.parent).unlink(missing_ok=True)
         with contextlib.suppress(Exception):
             self.platform.plugin_counters().set_mode(False, wait_s=10.0)

@@ -34,7 +34,13 @@ def test_points_cover_every_case_and_design_with_substituted_commands() -> None:
     assert len(points) == 6 and experiment.baseline == "base-cssd" and experiment.ideal == "dram-only"
     assert points[0].command == ("chase", "--bytes", "1M") and points[0].key == "chase[size=1M]@base-cssd"
     assert points[3].case == "chase[size=2M]"
-    assert load_experiment(DEMO_FILE).points()  # the shipped demo is valid
+    assert load_experiment(DEMO_FILE).points()  # the shipped experiments are valid
+    skybyte = load_experiment(DEMO_FILE.with_name("skybyte.yaml"))
+    assert len(skybyte.designs) == 8 and skybyte.ideal == "dram-only"
+    spikes = load_experiment(DEMO_FILE.with_name("scenario-spikes.yaml")).points()[0]
+    assert [(at, knob.kind) for at, knob in spikes.inject][:2] == [
+        (5.0, "latency-spike"), (60.0, "latency-spike"),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -50,6 +56,10 @@ def test_points_cover_every_case_and_design_with_substituted_commands() -> None:
         ({"platform": "nowhere"}, "no platform config 'nowhere'"),
         ({"overrides": {"cache.wayz": 4}}, "cache.wayz"),
         ({"colour": 1}, "unknown key 'colour'"),
+        ({"workloads": [{"name": "x", "command": ["chase"], "inject": [{"kind": "link-latency"}]}]},
+         "needs at_ms"),
+        ({"workloads": [{"name": "x", "command": ["chase"], "inject": [{"at_ms": 1, "kind": "gc-party"}]}]},
+         "not a firmware knob"),
     ],
 )
 def test_bad_definitions_are_clear_errors(change: dict[str, Any], message: str) -> None:
@@ -110,7 +120,9 @@ def test_a_small_experiment_runs_live_and_resumes(default_platform: Platform, tm
         "name": "mini", "designs": ["base-cssd", "dram-only"],
         "overrides": {"ssd_dram.size_bytes": "16MiB"},
         # 4096 pages: their lines overflow the LLC sets they map to, so every step misses it
-        "workloads": [{"name": "chase", "command": ["chase", "--bytes", "16M", "--stride", "4096"]}],
+        "workloads": [{"name": "chase", "command": ["chase", "--bytes", "16M", "--stride", "4096"],
+                       "inject": [{"at_ms": 0.5, "kind": "latency-spike", "extra_ns": 500,
+                                   "duration_ms": 1}]}],
     }))
     experiment = load_experiment(definition)
     out = tmp_path / "out"
@@ -120,6 +132,7 @@ def test_a_small_experiment_runs_live_and_resumes(default_platform: Platform, tm
     base, dram = rows["chase@base-cssd"], rows["chase@dram-only"]
     assert base["modelled_ns"] > dram["modelled_ns"] and dram["device"]["requests"] == 0
     assert base["workload_report"]["cycle_ok"] is True
+    assert [k["kind"] for k in base["knobs"]] == ["latency-spike", "latency-spike-start", "latency-spike-end"]
     # Resuming runs nothing more (no platform needed) and the report is written.
     assert ExperimentRunner(experiment, out, platform=None).pending() == []
     written = write_results(experiment, ExperimentRunner(experiment, out).run(), out)

@@ -19,12 +19,14 @@ from typing import Any
 
 import pytest
 
-from cxlssd.errors import FirmwareError
+from cxlssd.errors import ConfigError, FirmwareError
 from cxlssd.firmware.controller import Controller
-from cxlssd.firmware.profile import Profile
+from cxlssd.firmware.knobs import FlashLatency, LatencySpike
+from cxlssd.firmware.profile import Profile, load_profile
 from cxlssd.firmware.replay import replay_file
 from cxlssd.firmware.request import Op
 from cxlssd.guest.runtime.install import with_guest_env
+from cxlssd.platform.inject import inject
 from cxlssd.platform.machine import Platform
 
 pytestmark = pytest.mark.guest
@@ -143,6 +145,48 @@ def test_write_backs_are_log_appends_at_the_log_latency(default_platform: Platfo
     assert roi["device_stall_ns"] == pytest.approx(
         sum(v["requests"] * v["mean_latency_ns"] for v in roi["latency_by_source"]["read"].values())
     )
+
+
+def test_firmware_knobs_change_the_modelled_latency_at_run_time(default_platform: Platform) -> None:
+    """A flash-latency knob sent while the firmware runs makes every flash read of
+    the ROI take the new time; without an attached firmware the knob is refused."""
+    platform = default_platform
+    with pytest.raises(ConfigError, match="no firmware is attached"):
+        inject(platform, FlashLatency(read_ns=20_000))
+    overrides = ("ssd_dram.size_bytes=16MiB",)
+    with platform.attach("base-cssd", overrides) as session:
+        inject(platform, FlashLatency(read_ns=20_000))
+        _, out, _ = platform.guest().run(with_guest_env([
+            "numactl", f"--membind={platform.devices[0].node}", "chase", "--bytes", "64M", "--stride", "4096",
+            "--warm", "2",
+        ]), check=True, watch=session.check)
+    report, results = json.loads(out), session.results
+    assert [k["kind"] for k in results["knobs"]] == ["flash-latency"]
+    assert served(results)["flash"] >= 0.99 * report["steps"]
+    slow = Controller.from_profile(load_profile("base-cssd", [*session.overrides, "flash.read_ns=20000"]))
+    assert_close(ns_per_access(report, results), int(slow.submit(0, 0)["latency_ns"]), "flash reads at 20 us")
+
+
+def test_a_latency_spike_ends_and_latency_returns_to_normal(default_platform: Platform) -> None:
+    """+1 us on every access for 20 ms of modelled time: the firmware logs its start
+    and its end 20 ms later, and the ROI (after the spike) is back at the
+    configured latency."""
+    platform = default_platform
+    with platform.attach("base-cssd") as session:
+        inject(platform, LatencySpike(extra_ns=1_000, duration_ms=20))
+        _, out, _ = platform.guest().run(
+            with_guest_env(["numactl", f"--membind={platform.devices[0].node}", "chase", *HITS]),
+            check=True, watch=session.check,
+        )
+    report, results = json.loads(out), session.results
+    _, start, end = results["knobs"]
+    assert (start["kind"], end["kind"]) == ("latency-spike-start", "latency-spike-end")
+    assert end["at_ns"] - start["at_ns"] >= 20_000_000 and end["requests_during"] > 10_000
+    controller = Controller.from_profile(session.profile)
+    hit_ns = controller.latencies.cxl_link_ns + controller.latencies.hit_ns
+    print(f"spike: {start} -> {end}")
+    assert results["rois"][0]["begin_ns"] > end["at_ns"]
+    assert_close(ns_per_access(report, results), hit_ns, "data-cache hits after the spike")
 
 
 # Runs in the guest: reads the modelled clock around ROI 9, prints both readings.
