@@ -26,15 +26,17 @@ import contextlib
 import difflib
 import json
 import os
-from collections.abc import Mapping, Sequence
+import signal
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from cxlssd.errors import ConfigError, GuestError
 from cxlssd.firmware.knobs import FirmwareKnob, knob_to_dict
+from cxlssd.lifecycle import pid_alive
 from cxlssd.paths import runtime_root
-from cxlssd.platform.live import control_path
+from cxlssd.platform.live import control_path, firmware_pid_path
 from cxlssd.platform.machine import pid_file_alive
 
 if TYPE_CHECKING:
@@ -634,18 +636,44 @@ def prepare(
     return device, {"path": device.qom_path, **injection.arguments()}
 
 
+@dataclass(frozen=True)
+class FirmwareKill:
+    """A process fault: SIGKILL the firmware attached to the instance. The run using it
+    stops at once with an error naming the cause (docs/live.md); nothing is left running."""
+
+    kind: ClassVar[str] = "firmware-kill"
+
+
+def _attached(target: Platform | RunningInstance, path: Callable[[Path], Path]) -> Path:
+    """``path(rundir)`` of the firmware attached to ``target``; ConfigError if none is."""
+    rundir = runtime_root() / target.name if isinstance(target, RunningInstance) else target.rundir
+    found = path(rundir) if rundir is not None else None
+    if found is None or not found.exists():
+        raise ConfigError(
+            f"no firmware is attached to instance {target.name}: this acts on a running "
+            "firmware; attach one first (./cxlssd guest exec --design NAME, ./cxlssd run)"
+        )
+    return found
+
+
+def kill_firmware(target: Platform | RunningInstance) -> InjectionRecord:
+    """SIGKILL the firmware process attached to ``target``."""
+    pid_file = _attached(target, firmware_pid_path)
+    pid = int(pid_file.read_text())
+    if not pid_alive(pid):
+        raise ConfigError(f"the firmware of instance {target.name} (pid {pid}) is already gone")
+    os.kill(pid, signal.SIGKILL)
+    return InjectionRecord(
+        instance=target.name, kind=FirmwareKill.kind, command="SIGKILL", arguments={"pid": pid}
+    )
+
+
 def send_knob(
     target: Platform | RunningInstance, knob: FirmwareKnob, at_ms: float | None = None
 ) -> InjectionRecord:
     """Hand ``knob`` to the firmware attached to ``target`` (its control file); with
     ``at_ms``, the firmware applies it that long (modelled) after its first request."""
-    rundir = runtime_root() / target.name if isinstance(target, RunningInstance) else target.rundir
-    control = control_path(rundir) if rundir is not None else None
-    if control is None or not control.exists():
-        raise ConfigError(
-            f"no firmware is attached to instance {target.name}: firmware knobs act on a running "
-            "firmware; attach one first (./cxlssd guest exec --design NAME, ./cxlssd run)"
-        )
+    control = _attached(target, control_path)
     arguments = knob_to_dict(knob) if at_ms is None else {**knob_to_dict(knob), "at_ms": at_ms}
     with open(control, "a") as stream:  # one short line: a single append, never interleaved
         stream.write(json.dumps(arguments) + "\n")
@@ -654,12 +682,16 @@ def send_knob(
     )
 
 
-def inject(target: Platform | RunningInstance | str, injection: Injection | FirmwareKnob) -> InjectionRecord:
+def inject(
+    target: Platform | RunningInstance | str, injection: Injection | FirmwareKnob | FirmwareKill
+) -> InjectionRecord:
     """Validate ``injection`` against ``target``'s devices, then send it over QMP (or,
     for a firmware knob, to the attached firmware).
     ``target``: a Platform of this process, a RunningInstance, or an instance name."""
     if isinstance(target, str):
         target = RunningInstance.find(target)
+    if isinstance(injection, FirmwareKill):
+        return kill_firmware(target)
     if not isinstance(injection, Injection):
         return send_knob(target, injection)
     if isinstance(target, RunningInstance):

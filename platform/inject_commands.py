@@ -22,6 +22,7 @@ from cxlssd.platform.inject import (
     UNCORRECTABLE_TYPES,
     Correctable,
     DramEvent,
+    FirmwareKill,
     GeneralMediaEvent,
     Injection,
     MemoryModuleEvent,
@@ -175,7 +176,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     spike.add_argument("--extra-ns", type=_number, required=True)
     spike.add_argument("--duration-ms", type=float, required=True)
 
-    for kind_parser in (poison, unc, cor, gm, dram, mm, flash, link, spike):
+    kill = kinds.add_parser(
+        "firmware-kill", help="process fault: SIGKILL the firmware attached to the instance"
+    )
+
+    for kind_parser in (poison, unc, cor, gm, dram, mm, flash, link, spike, kill):
         kind_parser.set_defaults(handler=run_inject)
 
 
@@ -184,8 +189,10 @@ def _optional(args: argparse.Namespace, *names: str) -> dict[str, object]:
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
-def build_injection(args: argparse.Namespace) -> Injection | FirmwareKnob:
+def build_injection(args: argparse.Namespace) -> Injection | FirmwareKnob | FirmwareKill:
     """The injection the parsed command line asks for (checked as it is built)."""
+    if args.kind == FirmwareKill.kind:
+        return FirmwareKill()
     if args.kind in KNOBS:
         options = {k: v for k, v in vars(args).items() if k in ("read_ns", "program_ns", "erase_ns",
                                                                  "extra_ns", "duration_ms") and v is not None}

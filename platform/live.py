@@ -51,6 +51,11 @@ def control_path(rundir: Path) -> Path:
     return rundir / "firmware.control"
 
 
+def firmware_pid_path(rundir: Path) -> Path:
+    """The attached firmware's pid (process-fault injection kills it)."""
+    return rundir / "firmware.pid"
+
+
 def _describe_exit(returncode: int) -> str:
     if returncode < 0:
         with contextlib.suppress(ValueError):
@@ -235,6 +240,7 @@ class LiveSession(Lifecycle):
         )
         try:
             self._firmware.launch()
+            firmware_pid_path(files.ring.parent).write_text(str(self._firmware.pid))
             counters = platform.plugin_counters()
             counters.set_clock(platform.config.cpu.insn_ps, self.profile["latency.host_dram_ns"] * 1000)
             counters.set_mode(True)
@@ -244,7 +250,9 @@ class LiveSession(Lifecycle):
         log.info("design %s attached live", self.design)
 
     def check(self) -> None:
-        """Raise :class:`FirmwareError` if the firmware died or the plugin gave up on it."""
+        """Raise :class:`FirmwareError` if the firmware died or the plugin gave up on it,
+        :class:`GuestError` if QEMU died."""
+        self.platform.check_running()
         self.firmware.check()
         with RequestRing(self.platform.plugin_files().ring, consume=False) as observer:
             try:
@@ -256,6 +264,7 @@ class LiveSession(Lifecycle):
         """Deactivate the plugin, let the firmware finish, return its results."""
         counters = self.platform.plugin_counters()
         try:
+            self.platform.check_running()
             counters.set_mode(False)
         except BaseException:
             self.abort()
@@ -263,8 +272,13 @@ class LiveSession(Lifecycle):
         self.results = self.firmware.stop()
         self.results["plugin"] = {"markers_ignored": counters.markers_ignored}
         self._firmware = None
-        control_path(self.platform.plugin_files().ring.parent).unlink(missing_ok=True)
+        self._remove_files()
         return self.results
+
+    def _remove_files(self) -> None:
+        rundir = self.platform.plugin_files().ring.parent
+        control_path(rundir).unlink(missing_ok=True)
+        firmware_pid_path(rundir).unlink(missing_ok=True)
 
     def abort(self) -> None:
         """Stop the firmware at once and put the plugin back to sleep (best effort)."""
@@ -272,6 +286,6 @@ class LiveSession(Lifecycle):
             self._firmware.kill()
             self._firmware = None
         with contextlib.suppress(Exception):
-            control_path(self.platform.plugin_files().ring.parent).unlink(missing_ok=True)
+            self._remove_files()
         with contextlib.suppress(Exception):
             self.platform.plugin_counters().set_mode(False, wait_s=10.0)

@@ -35,7 +35,7 @@ from cxlssd.errors import FirmwareError, GuestError, PrerequisiteError
 from cxlssd.guest.image import GuestImage, ensure_image
 from cxlssd.guest.runtime.build import ensure_runtime
 from cxlssd.guest.runtime.install import install_runtime
-from cxlssd.lifecycle import Lifecycle
+from cxlssd.lifecycle import Lifecycle, pid_alive
 from cxlssd.paths import cache_dir, runtime_root
 from cxlssd.platform.config import PlatformConfig, format_size
 from cxlssd.platform.kvm import probe_kvm
@@ -126,18 +126,6 @@ def pid_file_alive(pid_file: Path) -> bool:
     except (OSError, ValueError):
         return False
     return pid_alive(pid)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (also when another user owns it). Shared with
-    the reaping of stale network namespaces (``network.py``)."""
-    try:
-        os.kill(pid, 0)
-    except PermissionError:  # exists, owned by someone else
-        return True
-    except OSError:
-        return False
-    return True
 
 
 def _being_created(rundir: Path) -> bool:
@@ -339,14 +327,20 @@ class Platform(Lifecycle):
         )
         staging.replace(self.rundir / "instance.json")
 
-    def _check_alive(self) -> None:
+    def check_running(self) -> None:
+        """A :class:`GuestError` if QEMU died under the platform (a run's watchdog)."""
+        self._check_alive("running")
+
+    def _check_alive(self, phase: str = "booting") -> None:
         process = self._process
         if process is None:  # shutdown() ran meanwhile (another thread: MultiPlatform)
-            raise GuestError(f"guest {self.name} was shut down while booting")
+            raise GuestError(f"guest {self.name} was shut down while {phase}")
         if process.poll() is not None:
             qemu_out = (self.log_dir / "qemu.log").read_text(errors="replace").strip()
+            status = process.returncode
+            how = f"killed by signal {-status}" if status < 0 else f"exited with status {status}"
             raise GuestError(
-                f"QEMU exited with status {process.returncode} while booting: "
+                f"QEMU {how} while {phase}: "
                 f"{qemu_out[-1500:] or '(no output)'}\n{self.serial_tail()}"
             )
 

@@ -35,9 +35,8 @@ from pyroute2 import IPRoute, netns
 from pyroute2.netlink.exceptions import NetlinkError
 
 from cxlssd.errors import ConfigError, PrerequisiteError
-from cxlssd.lifecycle import Lifecycle
+from cxlssd.lifecycle import Lifecycle, pid_alive
 from cxlssd.platform.config import NetworkConfig
-from cxlssd.platform.machine import pid_alive
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

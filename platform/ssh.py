@@ -137,6 +137,8 @@ class GuestSSH:
                 if channel.exit_status_ready() and not (
                     channel.recv_ready() or channel.recv_stderr_ready()
                 ):
+                    if watch is not None:
+                        watch()  # a channel ended by a dead guest or firmware: say why
                     break
                 time.sleep(0.01)
         status = channel.recv_exit_status()

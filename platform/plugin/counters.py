@@ -21,6 +21,7 @@ keeps running while it is taken).
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import time
 from dataclasses import dataclass, fields
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from cxlssd.errors import InputError
-from cxlssd.lifecycle import Lifecycle
+from cxlssd.lifecycle import Lifecycle, pid_alive
 from cxlssd.platform.plugin.shared_file import map_when_ready
 
 MAGIC = int.from_bytes(b"CXLSSDPC", "little")
@@ -274,7 +275,9 @@ class PluginCounters(Lifecycle):
         # numpy views pin the mapping: drop them before closing it.
         self._u32 = self._u64 = None
         if self._map is not None:
-            self._map.close()
+            # A view still held (by a traceback's frame, say) keeps the mapping until it goes.
+            with contextlib.suppress(BufferError):
+                self._map.close()
             self._map = None
 
     def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
@@ -400,8 +403,8 @@ class PluginCounters(Lifecycle):
         u32[_HEADER["requested_mode"][0] // 4] = MODE_ACTIVE if active else MODE_DORMANT
         deadline = time.monotonic() + wait_s
         while self.active != active:
-            if self._u32_field("state") == STATE_EXITED:
-                raise TimeoutError("the plugin exited (QEMU stopped) before switching mode")
+            if self._u32_field("state") == STATE_EXITED or not pid_alive(self.qemu_pid):
+                raise TimeoutError("QEMU stopped before the plugin switched mode")
             if time.monotonic() >= deadline:
                 state = "active" if active else "dormant"
                 raise TimeoutError(f"the plugin did not become {state} within {wait_s:.0f} s")

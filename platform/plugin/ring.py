@@ -28,7 +28,7 @@ import numpy as np
 
 from cxlssd.errors import InputError
 from cxlssd.firmware.request import REQUEST_DTYPE
-from cxlssd.lifecycle import Lifecycle
+from cxlssd.lifecycle import Lifecycle, pid_alive
 from cxlssd.platform.plugin.shared_file import map_when_ready
 
 MAGIC = int.from_bytes(b"CXLSSDRQ", "little")
@@ -53,17 +53,10 @@ _W_TAIL, _W_CONSUMER_PID = 16, 18
 _U_VERSION, _U_HEADER, _U_RECORD, _U_CAPACITY, _U_PRODUCER, _U_CONSUMER = 2, 3, 4, 5, 14, 34
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (a consumer that died attached does not count)."""
-    if pid <= 0:
-        return True  # attached without a pid: assume alive
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _holder_alive(pid: int) -> bool:
+    """Whether the attached consumer still exists (attached without a pid: assume so);
+    one that died attached does not keep the next consumer out."""
+    return pid <= 0 or pid_alive(pid)
 
 
 class RingError(RuntimeError):
@@ -127,7 +120,7 @@ class RequestRing(Lifecycle):
             problem = "header or record size does not match"
         elif capacity < 2 or capacity & (capacity - 1) or HEADER_BYTES + capacity * 24 > len(mapped):
             problem = "capacity does not match the file"
-        elif self.consume and int(u32[_U_CONSUMER]) == ATTACHED and _alive(int(u64[_W_CONSUMER_PID])):
+        elif self.consume and int(u32[_U_CONSUMER]) == ATTACHED and _holder_alive(int(u64[_W_CONSUMER_PID])):
             problem = f"another consumer (pid {int(u64[_W_CONSUMER_PID])}) is attached"
         if problem is not None:
             del u32, u64

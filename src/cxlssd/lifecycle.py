@@ -1,4 +1,4 @@
-"""The context-manager half of objects with an explicit lifecycle.
+"""The context-manager half of objects with an explicit lifecycle, and process liveness.
 
 QEMU's Python names the pair ``launch()``/``shutdown()``, a file ``open()``/
 ``close()``, a thread ``start()``/``stop()``: each class keeps its own names and
@@ -9,8 +9,21 @@ hiding that error behind another).
 
 from __future__ import annotations
 
+import os
 from types import TracebackType
 from typing import Self
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (also when another user owns it): the liveness
+    check behind reaping, the ring's consumer, the plugin's QEMU and injection."""
+    try:
+        os.kill(pid, 0)
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except OSError:
+        return False
+    return True
 
 
 class Lifecycle:

@@ -19,13 +19,14 @@ from typing import Any
 
 import pytest
 
-from cxlssd.errors import ConfigError, FirmwareError
+from cxlssd.errors import ConfigError, FirmwareError, GuestError
 from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.knobs import FlashLatency, LatencySpike
 from cxlssd.firmware.profile import Profile, load_profile
 from cxlssd.firmware.replay import replay_file
 from cxlssd.firmware.request import Op
 from cxlssd.guest.runtime.install import with_guest_env
+from cxlssd.platform.config import load_config
 from cxlssd.platform.inject import inject
 from cxlssd.platform.machine import Platform
 
@@ -217,38 +218,64 @@ def test_the_guest_reads_its_modelled_clock(default_platform: Platform) -> None:
     assert out.split() == [b"0", b"0"]
 
 
-def test_a_killed_firmware_stops_the_run_with_a_clear_error(default_platform: Platform) -> None:
-    """SIGKILL the firmware process mid-run: the run stops within seconds with an
-    error naming the cause, the guest keeps running, nothing is left behind,
-    and the next run attaches a new firmware normally."""
+def test_a_killed_firmware_stops_the_run_with_a_clear_error(default_platform: Platform, cli: Any) -> None:
+    """`./cxlssd inject --instance NAME firmware-kill` mid-run: the run stops within
+    seconds with an error naming the cause, the guest keeps running, nothing is
+    left behind, and the next run attaches a new firmware normally."""
     platform = default_platform
     guest = platform.guest()
-    killed_at: list[float] = []
+    injected: list[Any] = []
+    started = [0.0]
 
-    def kill_firmware(pid: int) -> None:
+    def kill_firmware() -> None:
         time.sleep(3.0)
-        killed_at.append(time.monotonic())
-        os.kill(pid, signal.SIGKILL)
+        started[0] = time.monotonic()
+        injected.append(cli("inject", "--instance", platform.name, "firmware-kill"))
 
+    killer = threading.Thread(target=kill_firmware, daemon=True)
     with pytest.raises(FirmwareError) as caught, platform.attach("base-cssd") as session:
         pid = session.firmware.pid
-        threading.Thread(target=kill_firmware, args=(pid,), daemon=True).start()
+        killer.start()
         guest.run(
             with_guest_env(["numactl", f"--membind={platform.devices[0].node}", "chase",
                             "--bytes", "64M", "--warm", "4"]),
             watch=session.check,
         )
-    detected_s = time.monotonic() - killed_at[0]
+    detected_s = time.monotonic() - started[0]  # the inject command's own start-up included
+    killer.join()
+    assert injected[0].returncode == 0 and json.loads(injected[0].stdout)["arguments"] == {"pid": pid}
     message = str(caught.value)
-    print(f"detected after {detected_s:.2f} s: {message.splitlines()[0]}")
+    print(f"detected {detected_s:.2f} s after the inject command started: {message.splitlines()[0]}")
     assert re.search(r"firmware process \(design base-cssd, pid \d+\) killed by SIGKILL", message)
-    assert detected_s < 5.0
+    assert detected_s < 10.0
     assert not Path(f"/proc/{pid}").exists()
     assert not platform.plugin_counters().active  # back to sleep
+    assert not (platform.plugin_files().ring.parent / "firmware.pid").exists()
+    again = cli("inject", "--instance", platform.name, "firmware-kill")
+    assert again.returncode == 2 and "no firmware is attached" in again.stderr
     guest.run(["pkill", "-x", "chase"])  # the guest's command outlived its SSH channel
     assert guest.run(["true"])[0] == 0  # the guest was never hung
     _, results, _ = run_chase(platform, "base-cssd", "--bytes", "1M")  # a new firmware works
     assert results["rois"][0]["cpu"]["device_dropped"] == 0
+
+
+def test_qemu_dying_under_a_run_stops_it_and_leaves_nothing() -> None:
+    """SIGKILL to QEMU mid-run (its own guest): the run stops with an error naming
+    QEMU, the firmware process is stopped, the instance's files are removed."""
+    with Platform(load_config()) as platform:
+        with pytest.raises(GuestError, match=r"QEMU killed by signal 9 while running"), \
+                platform.attach("base-cssd") as session:
+            firmware_pid = session.firmware.pid
+            qemu_pid = int((platform.plugin_files().ring.parent / "qemu.pid").read_text())
+            threading.Timer(3.0, os.kill, (qemu_pid, signal.SIGKILL)).start()
+            platform.guest().run(
+                with_guest_env(["numactl", f"--membind={platform.devices[0].node}", "chase",
+                                "--bytes", "64M"]),
+                watch=session.check,
+            )
+        assert not Path(f"/proc/{firmware_pid}").exists()
+        rundir = platform.rundir
+    assert rundir is not None and not rundir.exists()
 
 
 def test_guest_exec_design_prints_roi_results_and_records_a_trace(
