@@ -266,10 +266,10 @@ class LiveSession(Lifecycle):
         try:
             self.platform.check_running()
             counters.set_mode(False)
+            self.results = self.firmware.stop()
         except BaseException:
             self.abort()
             raise
-        self.results = self.firmware.stop()
         self.results["plugin"] = {"markers_ignored": counters.markers_ignored}
         self._firmware = None
         self._remove_files()
