@@ -22,7 +22,6 @@ from typing import Any
 
 from cxlssd.errors import InputError
 from cxlssd.experiments.spec import Experiment, Point
-from cxlssd.guest.runtime.install import with_guest_env
 from cxlssd.platform.config import load_config
 from cxlssd.platform.inject import send_knob
 from cxlssd.platform.machine import Platform
@@ -147,10 +146,7 @@ class ExperimentRunner:
                 with platform.attach(point.design, overrides) as session:
                     for at_ms, knob in point.inject:
                         send_knob(platform, knob, at_ms)
-                    node = 0 if session.dram_only else platform.devices[0].node
-                    status, out, err = platform.guest().run(
-                        with_guest_env(["numactl", f"--membind={node}", *point.command]), watch=session.check
-                    )
+                    status, out, err = session.run(point.command)
                 row = point_row(point, status, out, err, session.results)
                 row["knobs"] = session.results.get("knobs", [])
                 row["wall_s"] = time.monotonic() - began  # emulation time, for the ETA only

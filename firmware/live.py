@@ -187,6 +187,11 @@ class LiveDriver(Lifecycle):
         if self._ring is not None:
             self._ring.check()
 
+    @property
+    def producer_exited(self) -> bool:
+        """Whether QEMU's plugin has exited (nothing more will come)."""
+        return self._ring is not None and self._ring.producer_exited
+
     def wait_drained(self, timeout_s: float = 60.0) -> int:
         """Wait until every record the plugin has published so far is served;
         returns the number served in total."""

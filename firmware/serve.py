@@ -30,7 +30,6 @@ from cxlssd.firmware.live import LiveDriver
 from cxlssd.firmware.profile import Profile
 from cxlssd.platform.plugin.counters import PluginCounters
 from cxlssd.platform.plugin.pv import ClockPage
-from cxlssd.platform.plugin.ring import RequestRing
 
 log = logging.getLogger(__name__)
 
@@ -136,13 +135,13 @@ def serve(
         knobs = KnobController(controller)
         driver.before_chunk = knobs.tick
         control = ControlFile(control_path) if control_path is not None else None
-        with driver, RequestRing(ring_path, consume=False) as observer:
+        with driver:
             log.info("firmware %s serving %s (pid %d)", profile.name, ring_path, os.getpid())
             while not stop.wait(POLL_S):
                 if control is not None:
                     _hand_over(control, knobs, driver)
                 driver.check()
-                if observer.producer_exited:
+                if driver.producer_exited:
                     log.info("QEMU exited: the firmware stops")
                     break
         result = {

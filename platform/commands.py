@@ -96,12 +96,10 @@ def guest_exec(args: argparse.Namespace) -> int:
             )
             return status
         with platform.attach(args.design, args.overrides, args.record) as session:
-            node = 0 if session.dram_only else platform.devices[0].node
-            bound = argv if args.no_bind else ["numactl", f"--membind={node}", *argv]
-            status, _, _ = platform.guest().run(
-                with_guest_env(bound), stdout=sys.stdout.buffer, stderr=sys.stderr.buffer, watch=session.check
+            status, _, _ = session.run(
+                argv, bind=not args.no_bind, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer
             )
-    results = {**session.results, "command": argv, "exit_status": status, "node": node}
+    results = {**session.results, "command": argv, "exit_status": status, "node": session.node}
     for line in roi_lines(results):
         print(line)
     if args.results:

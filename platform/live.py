@@ -23,17 +23,17 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from cxlssd.errors import ConfigError, FirmwareError
 from cxlssd.firmware.profile import Profile, load_profile, parse_override
-from cxlssd.lifecycle import Lifecycle
+from cxlssd.guest.runtime.install import with_guest_env
+from cxlssd.lifecycle import Lifecycle, describe_exit
 from cxlssd.platform.plugin.ring import ATTACHED, RequestRing, RingError
 
 if TYPE_CHECKING:
@@ -54,14 +54,6 @@ def control_path(rundir: Path) -> Path:
 def firmware_pid_path(rundir: Path) -> Path:
     """The attached firmware's pid (process-fault injection kills it)."""
     return rundir / "firmware.pid"
-
-
-def _describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(-returncode).name}"
-        return f"killed by signal {-returncode}"
-    return f"exited with status {returncode}"
 
 
 class FirmwareProcess:
@@ -143,7 +135,7 @@ class FirmwareProcess:
         if process is not None and process.poll() is not None:
             raise FirmwareError(
                 f"the firmware process (design {self.design}, pid {process.pid}) "
-                f"{_describe_exit(process.returncode)}; the run is stopped. "
+                f"{describe_exit(process.returncode)}; the run is stopped. "
                 f"Its log ({self.log_path}):\n{self._log_tail() or '(empty)'}"
             )
 
@@ -248,6 +240,27 @@ class LiveSession(Lifecycle):
             self.abort()
             raise
         log.info("design %s attached live", self.design)
+
+    @property
+    def node(self) -> int:
+        """Where the run's memory belongs: the CXL node, or node 0 for ``dram-only``."""
+        return 0 if self.dram_only else self.platform.devices[0].node
+
+    def run(
+        self,
+        argv: Sequence[str],
+        bind: bool = True,
+        stdout: BinaryIO | None = None,
+        stderr: BinaryIO | None = None,
+        check: bool = False,
+    ) -> tuple[int, bytes, bytes]:
+        """Run ``argv`` in the guest for this session: the guest runtime on its
+        PATH, its memory bound to :attr:`node` (unless ``bind`` is False), and
+        stopped with the cause if the firmware or QEMU dies (:meth:`check`)."""
+        bound = ["numactl", f"--membind={self.node}", *argv] if bind else list(argv)
+        return self.platform.guest().run(
+            with_guest_env(bound), stdout=stdout, stderr=stderr, check=check, watch=self.check
+        )
 
     def check(self) -> None:
         """Raise :class:`FirmwareError` if the firmware died or the plugin gave up on it,

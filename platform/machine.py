@@ -35,7 +35,7 @@ from cxlssd.errors import FirmwareError, GuestError, PrerequisiteError
 from cxlssd.guest.image import GuestImage, ensure_image
 from cxlssd.guest.runtime.build import ensure_runtime
 from cxlssd.guest.runtime.install import install_runtime
-from cxlssd.lifecycle import Lifecycle, pid_alive
+from cxlssd.lifecycle import Lifecycle, describe_exit, pid_alive
 from cxlssd.paths import cache_dir, runtime_root
 from cxlssd.platform.config import PlatformConfig, format_size
 from cxlssd.platform.kvm import probe_kvm
@@ -337,10 +337,8 @@ class Platform(Lifecycle):
             raise GuestError(f"guest {self.name} was shut down while {phase}")
         if process.poll() is not None:
             qemu_out = (self.log_dir / "qemu.log").read_text(errors="replace").strip()
-            status = process.returncode
-            how = f"killed by signal {-status}" if status < 0 else f"exited with status {status}"
             raise GuestError(
-                f"QEMU {how} while {phase}: "
+                f"QEMU {describe_exit(process.returncode)} while {phase}: "
                 f"{qemu_out[-1500:] or '(no output)'}\n{self.serial_tail()}"
             )
 

@@ -26,7 +26,6 @@ from typing import Any
 
 from cxlssd.errors import ConfigError, GuestError
 from cxlssd.guest.image import GuestImage, ensure_image
-from cxlssd.guest.runtime.install import with_guest_env
 from cxlssd.lifecycle import Lifecycle
 from cxlssd.paths import runtime_root
 from cxlssd.platform.config import MultiPlatformConfig
@@ -189,12 +188,8 @@ class MultiPlatform(Lifecycle):
                         for name, design in designs.items()}
 
             def run(name: str) -> None:
-                platform, session = self.platforms[name], sessions[name]
-                node = 0 if session.dram_only else platform.devices[0].node
                 try:
-                    done[name] = platform.guest().run(
-                        with_guest_env(["numactl", f"--membind={node}", *argv]), watch=session.check
-                    )
+                    done[name] = sessions[name].run(argv)
                 except BaseException as error:  # re-raised below, in the caller's thread
                     errors.append(error)
 

@@ -1,4 +1,4 @@
-"""The context-manager half of objects with an explicit lifecycle, and process liveness.
+"""The context-manager half of objects with an explicit lifecycle; process liveness and exit.
 
 QEMU's Python names the pair ``launch()``/``shutdown()``, a file ``open()``/
 ``close()``, a thread ``start()``/``stop()``: each class keeps its own names and
@@ -9,7 +9,9 @@ hiding that error behind another).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 from types import TracebackType
 from typing import Self
 
@@ -24,6 +26,15 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def describe_exit(returncode: int) -> str:
+    """How a child process ended, from its ``returncode`` ("killed by SIGKILL")."""
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-returncode).name}"
+        return f"killed by signal {-returncode}"
+    return f"exited with status {returncode}"
 
 
 class Lifecycle:

@@ -400,10 +400,10 @@ def test_key_value_store_served_from_one_guest_driven_from_the_other(pair: Multi
     try:
         assert json.loads(channel.makefile("r").readline()) == {"listening": 7070}
         with client.attach("skybyte-full") as session:
-            status, out, err = client.guest().run(with_guest_env([
-                "numactl", f"--membind={client.devices[0].node}", "python3", "-m", "netkv", "drive",
+            status, out, err = session.run([
+                "python3", "-m", "netkv", "drive",
                 "--server", pair.bridge_address("dram-only"), "--records", "1000", "--ops", "1000", "--stop",
-            ]), watch=session.check)
+            ])
         assert status == 0, err.decode()
         report = json.loads(out)
         assert report["check_ok"] and report["server"]["requests"] == 1001
