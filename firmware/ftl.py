@@ -6,6 +6,12 @@ never-written pages still have a die). Each die writes into one *active* block; 
 a new active block is taken while the die has fewer free blocks than
 ``free_threshold x blocks_per_die``, one victim block is collected: its valid pages
 move to the active block and it is erased. Relocation never triggers GC itself.
+
+A *failed* die (``die-fault`` knob) takes no new writes and is never collected: a
+page whose home die failed is written to a stand-in, ``healthy[(lpn // n_dies) %
+len(healthy)]`` (spread over the healthy dies), and stays there (``off_home``) until
+it is written again while its home die works. A *forced* collection (``gc-storm``
+knob) also takes a victim whose pages are all valid (pure relocation).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
-from cxlssd.errors import ConfigError
+from cxlssd.errors import ConfigError, InputError
 from cxlssd.firmware.registry import Registry
 
 FREE, ACTIVE, CLOSED = 0, 1, 2
@@ -98,6 +104,9 @@ class PageFtl:
         self.active = [-1] * n_dies  # global block id per die
         self.write_ptr = [pages_per_block] * n_dies  # "full" until a block is opened
         self.gc_pending: list[int] = []  # dies whose last block opening asked for GC
+        self.failed: set[int] = set()  # dies that take no new writes
+        self._healthy = list(range(n_dies))
+        self.off_home: dict[int, int] = {}  # LPN -> die, for pages not on their home die
         if precondition:
             self._precondition()
         for die in range(n_dies):
@@ -121,7 +130,31 @@ class PageFtl:
                 self.free[d].popleft()
 
     def die_of(self, lpn: int) -> int:
-        return lpn % self.n_dies
+        """The die holding (or that would hold) ``lpn``."""
+        return self.off_home.get(lpn, lpn % self.n_dies)
+
+    def stand_in(self, lpn: int) -> int:
+        """The healthy die that takes the writes of ``lpn`` while its home die is failed."""
+        return self._healthy[lpn // self.n_dies % len(self._healthy)]
+
+    def fail(self, dies: list[int]) -> None:
+        """Take ``dies`` out of service for writes; InputError if the healthy dies could
+        not hold the pages mapped now (with the two spare blocks each that GC needs)."""
+        healthy = [d for d in range(self.n_dies) if d not in self.failed and d not in dies]
+        room = len(healthy) * (self.blocks_per_die - 2) * self.pages_per_block
+        mapped = int(np.count_nonzero(self.l2p >= 0))
+        if not healthy or mapped > room:
+            raise InputError(
+                f"failing die(s) {dies} leaves {len(healthy)} healthy dies with room for {room} pages, "
+                f"fewer than the {mapped} mapped: raise flash.overprovisioning or fail fewer dies"
+            )
+        self.failed.update(dies)
+        self._healthy = healthy
+
+    def restore(self, dies: list[int]) -> None:
+        """Put failed ``dies`` back in service (their pages are readable again)."""
+        self.failed.difference_update(dies)
+        self._healthy = [d for d in range(self.n_dies) if d not in self.failed]
 
     def _open_block(self, die: int) -> None:
         if not self.free[die]:
@@ -156,19 +189,26 @@ class PageFtl:
     def program(self, lpn: int) -> int:
         """Write ``lpn`` to a fresh page (out of place); returns its die."""
         die = lpn % self.n_dies
+        if self.failed or self.off_home:
+            if die in self.failed:
+                die = self.off_home[lpn] = self.stand_in(lpn)
+            else:
+                self.off_home.pop(lpn, None)
         self._place(lpn, die)
         return die
 
-    def collect(self, die: int) -> GcResult | None:
-        """Collect one victim block on ``die``; None if no closed block has an invalid page."""
+    def collect(self, die: int, force: bool = False) -> GcResult | None:
+        """Collect one victim block on ``die``; None if no closed block has an invalid
+        page (with ``force``: if it has no closed block, or no free block to move
+        into), or if the die is failed."""
         bpd, ppb = self.blocks_per_die, self.pages_per_block
         lo = die * bpd
         closed = self.state[lo : lo + bpd] == CLOSED
-        if not closed.any():
+        if die in self.failed or not closed.any() or (force and not self.free[die]):
             return None
         local = self.victim.choose(self.valid[lo : lo + bpd], self.opened[lo : lo + bpd], closed)
         block = lo + local
-        if not closed[local] or self.valid[block] == ppb:
+        if not closed[local] or (self.valid[block] == ppb and not force):
             return None
         pages = self.p2l[block * ppb : (block + 1) * ppb]
         moved = pages[pages >= 0].tolist()

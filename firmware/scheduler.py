@@ -23,6 +23,10 @@ over-estimates contention; background transfers are folded into the backlog.
 A background operation's completion time is an estimate made when it is queued
 (later host reads can push it back); the controller uses it for the write log's
 "flush done" time.
+
+Each die has its own read/program/erase times: the base timings (the profile's,
+or a ``flash-latency`` knob's) times the die's factor (1, or a ``die-fault`` knob's
+slow-down); the channel transfer is not scaled.
 """
 
 from __future__ import annotations
@@ -42,15 +46,51 @@ class FlashTimeline:
     ) -> None:
         self.channels = channels
         self.n_dies = channels * dies_per_channel
-        self.read_ns = read_ns
-        self.program_ns = program_ns
-        self.erase_ns = erase_ns
+        self._base_ns = {"read_ns": read_ns, "program_ns": program_ns, "erase_ns": erase_ns}
         self.transfer_ns = transfer_ns
+        self.die_factor = [1.0] * self.n_dies  # latency multiplier of each die
         # plain lists: scalar indexing of lists is several times faster than numpy's
+        self.die_read_ns: list[int] = []
+        self.die_program_ns: list[int] = []
+        self.die_erase_ns: list[int] = []
+        self._retime()
         self.fg_busy_ns = [0] * self.n_dies  # end of the last foreground read
         self.bg_backlog_ns = [0] * self.n_dies  # background work not yet done ...
         self.bg_clock_ns = [0] * self.n_dies  # ... as of this time
         self.channel_busy_ns = [0] * channels
+
+    def _retime(self) -> None:
+        for name in ("read_ns", "program_ns", "erase_ns"):
+            base = self._base_ns[name]
+            setattr(self, f"die_{name}", [round(base * f) for f in self.die_factor])
+
+    @property
+    def read_ns(self) -> int:
+        """The base page read time (a die's is this times its factor)."""
+        return self._base_ns["read_ns"]
+
+    @property
+    def program_ns(self) -> int:
+        return self._base_ns["program_ns"]
+
+    @property
+    def erase_ns(self) -> int:
+        return self._base_ns["erase_ns"]
+
+    def set_timings(self, **base_ns: int) -> None:
+        """Change base timings (``read_ns=...``, ``program_ns``, ``erase_ns``) from now on."""
+        unknown = set(base_ns) - set(self._base_ns)
+        if unknown:
+            raise ValueError(f"unknown flash timing(s) {sorted(unknown)}")
+        self._base_ns.update(base_ns)
+        self._retime()
+
+    def set_die_factor(self, dies: list[int], factor: float) -> None:
+        """Scale the array times of ``dies`` by ``factor`` (1 restores) from now on;
+        work already queued keeps the time it was queued with."""
+        for die in dies:
+            self.die_factor[die] = factor
+        self._retime()
 
     def _drain(self, die: int, time_ns: int) -> None:
         """Advance die ``die``'s background backlog to ``time_ns``."""
@@ -59,6 +99,11 @@ class FlashTimeline:
             self.bg_backlog_ns[die] = max(0, self.bg_backlog_ns[die] - (time_ns - idle_from))
         if time_ns > self.bg_clock_ns[die]:
             self.bg_clock_ns[die] = time_ns
+
+    def backlog_ns(self, die: int, time_ns: int) -> int:
+        """Background work of ``die`` still to do at ``time_ns``."""
+        self._drain(die, time_ns)
+        return self.bg_backlog_ns[die]
 
     def read(self, die: int, time_ns: int) -> int:
         """A host page read issued at ``time_ns``; returns when its data is out."""
@@ -76,13 +121,14 @@ class FlashTimeline:
         else:
             # wait for the background operation in progress, not for the whole backlog
             # (the backlog is taken as whole page programs, the common background op)
-            wait = backlog % self.program_ns or min(backlog, self.program_ns)
+            program_ns = self.die_program_ns[die]
+            wait = backlog % program_ns or min(backlog, program_ns)
             backlog -= wait
             start = time_ns + wait
             bg_clock = start
         self.bg_backlog_ns[die] = backlog
         self.bg_clock_ns[die] = bg_clock
-        done = start + self.read_ns
+        done = start + self.die_read_ns[die]
         if self.transfer_ns:
             channel = die % self.channels
             done = max(done, self.channel_busy_ns[channel]) + self.transfer_ns
@@ -98,16 +144,16 @@ class FlashTimeline:
 
     def program(self, die: int, time_ns: int) -> int:
         """A page program (transfer in + array program), background."""
-        return self.background(die, time_ns, self.transfer_ns + self.program_ns)
+        return self.background(die, time_ns, self.transfer_ns + self.die_program_ns[die])
 
     def merge_read(self, die: int, time_ns: int) -> int:
         """A page read on behalf of a log flush, background."""
-        return self.background(die, time_ns, self.read_ns + self.transfer_ns)
+        return self.background(die, time_ns, self.die_read_ns[die] + self.transfer_ns)
 
     def copy(self, die: int, time_ns: int, pages: int) -> int:
         """``pages`` on-die copies (GC relocation: read + program, no channel use)."""
-        return self.background(die, time_ns, pages * (self.read_ns + self.program_ns))
+        return self.background(die, time_ns, pages * (self.die_read_ns[die] + self.die_program_ns[die]))
 
     def erase(self, die: int, time_ns: int) -> int:
         """A block erase, background."""
-        return self.background(die, time_ns, self.erase_ns)
+        return self.background(die, time_ns, self.die_erase_ns[die])

@@ -8,6 +8,10 @@ background: lines are coalesced by page; a page is read from flash first only wh
 it is neither fully logged nor in the data cache; then the page is programmed once.
 Flushed entries keep their space until the flush's programs are estimated done, so
 writes arriving while the log is full stall until then.
+
+``program_interval_ns`` (0: off; the ``flush-throttle`` knob) throttles flushing to
+at most one page program per interval: a flush of P pages then holds its entries'
+space for at least P x interval after it starts, so the log fills and appends stall.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class WriteLog:
         self.live = 0  # entries in the index
         self.inflight = 0  # entries of the flush in progress (space not yet reusable)
         self.inflight_done_ns = 0
+        self.program_interval_ns = 0
         self.counters = LogCounters()
 
     def contains(self, page: int, line: int) -> bool:
@@ -118,6 +123,8 @@ class WriteLog:
             if needs_old:
                 flash.read(page, time_ns, cause="merge")
             done = max(done, flash.program(page, time_ns))
+        if self.program_interval_ns:
+            done = max(done, time_ns + int(pages.size) * self.program_interval_ns)
         # cached copies now hold the merged data, which is on flash: they are clean
         self.cache.dirty[slots[cached]] = False
         c = self.counters

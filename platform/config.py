@@ -9,6 +9,8 @@ Example (``platform/configs/default.yaml``)::
       boot_timeout_s: 600
     cxl_devices:
       - size: 1GiB
+        # optional: a dynamic capacity device (``configs/dcd.yaml``)
+        # dynamic_capacity: {regions: 1, size: 256MiB}
     cpu:                  # the modelled CPU (docs/plugin.md, "Modelled clock")
       frequency_ghz: 3.0
       cpi: 1.0
@@ -70,11 +72,38 @@ def format_size(size_bytes: int) -> str:
     return f"{size_bytes}B"
 
 
+# A device has at most 8 DC regions (CXL r3.x; QEMU's region table has 8 entries).
+DC_MAX_REGIONS = 8
+
+
+@dataclass(frozen=True)
+class DynamicCapacityConfig:
+    """A device's dynamic capacity (a dynamic capacity device, DCD): ``regions`` DC regions
+    of ``size_bytes / regions`` each, placed in the device's DPA space after its
+    static capacity. None of it is host memory until the host accepts an extent
+    (docs/inject.md, "Dynamic capacity")."""
+
+    regions: int
+    size_bytes: int
+
+    @property
+    def region_bytes(self) -> int:
+        return self.size_bytes // self.regions
+
+
 @dataclass(frozen=True)
 class CxlDeviceConfig:
-    """One volatile CXL Type-3 memory device (its own host bridge and window)."""
+    """One volatile CXL Type-3 memory device (its own host bridge and window);
+    ``size_bytes`` is its static capacity, ``dynamic_capacity`` makes it a DCD."""
 
     size_bytes: int
+    dynamic_capacity: DynamicCapacityConfig | None = None
+
+    @property
+    def backing_bytes(self) -> int:
+        """Host memory the device's backing files can take (static + dynamic)."""
+        dynamic = self.dynamic_capacity.size_bytes if self.dynamic_capacity is not None else 0
+        return self.size_bytes + dynamic
 
 
 @dataclass(frozen=True)
@@ -110,7 +139,8 @@ class PlatformConfig:
 
     @property
     def cxl_total_bytes(self) -> int:
-        return sum(d.size_bytes for d in self.cxl_devices)
+        """Host memory (and tmpfs) all CXL backing files can take, dynamic capacity included."""
+        return sum(d.backing_bytes for d in self.cxl_devices)
 
 
 def _check_keys(section: dict[str, Any], allowed: set[str], where: str) -> None:
@@ -181,9 +211,28 @@ def _cpu_from(raw: dict[str, Any], where: str) -> CpuConfig:
     )
 
 
+def _dynamic_capacity_from(raw: object, where: str) -> DynamicCapacityConfig:
+    section = _mapping(raw, where)
+    _check_keys(section, {"regions", "size"}, where)
+    if "size" not in section:
+        raise ConfigError(f"{where}: missing 'size', the dynamic capacity of all regions (e.g. size: 256MiB)")
+    regions = _positive_number(section.get("regions", 1), f"{where}.regions", int)
+    if regions > DC_MAX_REGIONS:
+        raise ConfigError(f"{where}.regions: {regions} DC regions; a device has at most {DC_MAX_REGIONS}")
+    size = parse_size(section["size"], f"{where}.size")
+    if size % (regions * CXL_SIZE_ALIGN_BYTES):
+        raise ConfigError(
+            f"{where}.size: {format_size(size)} does not split into {regions} region(s) of a "
+            f"multiple of 256MiB (QEMU's DC region unit); use e.g. "
+            f"{format_size(regions * CXL_SIZE_ALIGN_BYTES)} or "
+            f"{format_size(2 * regions * CXL_SIZE_ALIGN_BYTES)}"
+        )
+    return DynamicCapacityConfig(regions=regions, size_bytes=size)
+
+
 def _device_from(raw: object, where: str) -> CxlDeviceConfig:
     device = _mapping(raw, where)
-    _check_keys(device, {"size"}, where)
+    _check_keys(device, {"size", "dynamic_capacity"}, where)
     if "size" not in device:
         raise ConfigError(f"{where}: missing 'size' (e.g. size: 1GiB)")
     size = parse_size(device["size"], f"{where}.size")
@@ -192,7 +241,12 @@ def _device_from(raw: object, where: str) -> CxlDeviceConfig:
             f"{where}.size: {format_size(size)} is not a multiple of 256MiB; "
             "CXL memory is mapped and onlined in 256MiB units"
         )
-    return CxlDeviceConfig(size_bytes=size)
+    dynamic = (
+        _dynamic_capacity_from(device["dynamic_capacity"], f"{where}.dynamic_capacity")
+        if device.get("dynamic_capacity") is not None
+        else None
+    )
+    return CxlDeviceConfig(size_bytes=size, dynamic_capacity=dynamic)
 
 
 def config_from_dict(raw: object, source: str = "<dict>") -> PlatformConfig:

@@ -1,9 +1,11 @@
-"""Run-time fault injection through QEMU's CXL QMP commands (issue 7, QMP part).
+"""Run-time fault injection through QEMU's CXL QMP commands (issue 7, QMP part),
+and dynamic capacity add/release on a DCD (``dc-add``, ``dc-release``).
 
 Each kind of injection is a small frozen dataclass. Everything that can be checked
-without the device is checked when it is built (known enum values, 64-byte
-alignment, field widths); everything that needs the device (index exists, address
-inside it) is checked by :func:`inject` before anything is sent. A problem is a
+without the device is checked when it is built (known enum values, 64-byte or DC
+block alignment, field widths); everything that needs the device (index exists,
+address inside it, DC regions, read from QEMU's QOM) is checked by :func:`inject`
+before anything is sent. A problem is a
 :class:`~cxlssd.errors.ConfigError` naming it and the fix; nothing reaches QEMU.
 
 Targets: a :class:`~cxlssd.platform.machine.Platform` of this process (its QMP
@@ -24,18 +26,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
+import itertools
 import json
 import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from cxlssd.errors import ConfigError, GuestError
-from cxlssd.firmware.knobs import FirmwareKnob, knob_to_dict
+from cxlssd.firmware.knobs import DeviceShape, FirmwareKnob, check_fits, knob_to_dict
+from cxlssd.firmware.profile import Profile, load_profile
 from cxlssd.lifecycle import pid_alive
 from cxlssd.paths import runtime_root
+from cxlssd.platform.config import DC_MAX_REGIONS, CxlDeviceConfig, format_size
 from cxlssd.platform.live import control_path, firmware_pid_path
 from cxlssd.platform.machine import pid_file_alive
 
@@ -46,6 +51,18 @@ if TYPE_CHECKING:
 # The device ids are given in platform/qemu.py (``id=cxl-vmem<i>``).
 QOM_PATH_FORMAT = "/machine/peripheral/cxl-vmem{index}"
 CACHELINE = 64  # QEMU requires poison start and length in 64-byte units
+# QEMU 10.0 gives every DC region this block size (cxl_create_dc_regions); extent
+# offsets and lengths must be multiples of it.
+DC_BLOCK_BYTES = 2 << 20
+DC_MAX_EXTENTS = 512  # QEMU's CXL_NUM_EXTENTS_SUPPORTED, per device
+# Why QEMU refuses a dynamic-capacity request about a pending extent: the host has not
+# answered the add (Add Dynamic Capacity Response, opcode 4802h), and this guest kernel
+# never does.
+DC_PENDING_HINT = (
+    "the host has not accepted the extents added there: the guest kernel (6.12) has no DCD "
+    "support and never answers a dc-add, so they stay pending while the instance runs "
+    "(docs/inject.md, Dynamic capacity)"
+)
 QMP_TIMEOUT_S = 15.0  # the inject socket serves one client at a time
 
 # CxlEventLog (qapi/cxl.json); the value is the Event Record Severity, flags bits [1:0].
@@ -159,9 +176,32 @@ def _cacheline_aligned(what: str, value: int) -> int:
 
 
 @dataclass(frozen=True)
+class DcLayout:
+    """A DCD's dynamic capacity as QEMU lays it out: ``regions`` DC regions of
+    ``region_bytes`` each, one after the other from DPA ``base_dpa`` (after the
+    static capacity), every one with 2 MiB blocks."""
+
+    regions: int
+    region_bytes: int
+    base_dpa: int
+
+    def region_dpa(self, region: int) -> int:
+        return self.base_dpa + region * self.region_bytes
+
+    @classmethod
+    def of_config(cls, device: CxlDeviceConfig) -> DcLayout | None:
+        """The layout QEMU gives ``device`` (``platform/qemu.py``); None if not a DCD."""
+        dynamic = device.dynamic_capacity
+        if dynamic is None:
+            return None
+        return cls(regions=dynamic.regions, region_bytes=dynamic.region_bytes, base_dpa=device.size_bytes)
+
+
+@dataclass(frozen=True)
 class DeviceView:
-    """What an injection needs to know about a CXL device: its QOM path and size,
-    and (once the guest has set it up) where the guest sees it."""
+    """What an injection needs to know about a CXL device: its QOM path and (static)
+    size, (once the guest has set it up) where the guest sees it, and, for dynamic
+    capacity kinds, its DC layout (None: not a DCD)."""
 
     index: int
     size_bytes: int
@@ -169,6 +209,7 @@ class DeviceView:
     region: str | None = None
     hpa_base: int | None = None
     dpa_base: int = 0
+    dynamic_capacity: DcLayout | None = None
 
     @property
     def qom_path(self) -> str:
@@ -197,6 +238,10 @@ class Injection:
 
     kind: ClassVar[str]
     command: ClassVar[str]
+    # Words of a QEMU refusal, and what to tell the user about it.
+    refusal_hints: ClassVar[Mapping[str, str]] = {}
+    # Whether check_device needs DeviceView.dynamic_capacity (read from QEMU first).
+    needs_dc_layout: ClassVar[bool] = False
     device: int = 0
 
     def __post_init__(self) -> None:
@@ -218,6 +263,9 @@ class Poison(Injection):
 
     kind: ClassVar[str] = "poison"
     command: ClassVar[str] = "cxl-inject-poison"
+    refusal_hints: ClassVar[Mapping[str, str]] = {
+        "Overlap": "poison ranges must not overlap poison injected before"
+    }
     dpa: int
     length: int = CACHELINE
 
@@ -500,9 +548,150 @@ class MemoryModuleEvent(_Event):
         }
 
 
+@dataclass(frozen=True)
+class DcExtent:
+    """``length`` bytes of a DC region from ``offset`` (bytes from the region's start)."""
+
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class _DynamicCapacity(Injection):
+    """Common part of dc-add and dc-release: extents of one DC region of a DCD,
+    prescriptive (the extents given, the only policy QEMU 10.0 implements), for
+    host 0 (the platform's devices have one host)."""
+
+    needs_dc_layout: ClassVar[bool] = True
+    policy_argument: ClassVar[str]
+    region: int = 0
+    extents: tuple[DcExtent, ...]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # Extents may come as (offset, length) pairs or {offset, length} (a scenario's YAML).
+        object.__setattr__(self, "extents", tuple(_as_extent(self.kind, e) for e in self.extents))
+        if not isinstance(self.region, int) or isinstance(self.region, bool) or not (
+            0 <= self.region < DC_MAX_REGIONS
+        ):
+            raise ConfigError(
+                f"{self.kind} region {self.region!r} must be a DC region index 0..{DC_MAX_REGIONS - 1}"
+            )
+        if not 0 < len(self.extents) <= DC_MAX_EXTENTS:
+            raise ConfigError(
+                f"{self.kind} needs 1..{DC_MAX_EXTENTS} extents, got {len(self.extents)}; "
+                "e.g. --extent 0:2MiB"
+            )
+        block = format_size(DC_BLOCK_BYTES)
+        for extent in self.extents:
+            for what, value in (("offset", extent.offset), ("length", extent.length)):
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    raise ConfigError(
+                        f"{self.kind} extent {what} {value!r} must be a non-negative byte count"
+                    )
+                if value % DC_BLOCK_BYTES:
+                    down = value - value % DC_BLOCK_BYTES
+                    raise ConfigError(
+                        f"{self.kind} extent {what} {value:#x} is not a multiple of the DC block size "
+                        f"{block} (QEMU's); use {down:#x} or {down + DC_BLOCK_BYTES:#x}"
+                    )
+            if extent.length == 0:
+                raise ConfigError(f"{self.kind} extent at offset {extent.offset:#x} has length 0; "
+                                  f"give a multiple of {block}")
+        ordered = sorted(self.extents, key=lambda e: e.offset)
+        for first, second in itertools.pairwise(ordered):
+            if first.offset + first.length > second.offset:
+                raise ConfigError(
+                    f"{self.kind} extents {_extent_text(first)} and {_extent_text(second)} overlap; "
+                    "give each block of the region once"
+                )
+
+    def check_device(self, device: DeviceView) -> None:
+        layout = device.dynamic_capacity
+        if layout is None:
+            raise ConfigError(
+                f"device {device.index} is not a dynamic capacity device (it has no DC region), so "
+                f"{self.kind} cannot apply; boot a platform whose device has dynamic_capacity, e.g. "
+                "--config platform/configs/dcd.yaml"
+            )
+        if self.region >= layout.regions:
+            raise ConfigError(
+                f"{self.kind}: DC region {self.region} does not exist: device {device.index} has "
+                f"{layout.regions} DC region(s) (index {_index_range(layout.regions)}); "
+                "use --region with one of them"
+            )
+        for extent in self.extents:
+            if extent.offset + extent.length > layout.region_bytes:
+                last = layout.region_bytes - extent.length
+                fix = f"use an offset up to {last:#x}" if last >= 0 else "use a shorter extent"
+                raise ConfigError(
+                    f"{self.kind} extent {_extent_text(extent)} is beyond the end of DC region "
+                    f"{self.region} ({format_size(layout.region_bytes)}: offsets "
+                    f"0x0..{layout.region_bytes - 1:#x}, DPA {layout.region_dpa(self.region):#x}.."
+                    f"{layout.region_dpa(self.region + 1) - 1:#x}); {fix}"
+                )
+
+    def arguments(self) -> dict[str, Any]:
+        return {
+            "host-id": 0,
+            self.policy_argument: "prescriptive",
+            "region": self.region,
+            "extents": [{"offset": e.offset, "len": e.length} for e in self.extents],
+        }
+
+
+def _as_extent(kind: str, value: object) -> DcExtent:
+    if isinstance(value, DcExtent):
+        return value
+    if isinstance(value, Mapping) and set(value) == {"offset", "length"}:
+        return DcExtent(offset=value["offset"], length=value["length"])
+    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
+        return DcExtent(offset=value[0], length=value[1])
+    raise ConfigError(
+        f"{kind} extent {value!r} is not an offset and a length, e.g. DcExtent(offset=0, length=2 << 20) "
+        "or {offset: 0, length: 2097152}"
+    )
+
+
+def _index_range(count: int) -> str:
+    return "0" if count == 1 else f"0..{count - 1}"
+
+
+def _extent_text(extent: DcExtent) -> str:
+    return f"{extent.offset:#x}+{extent.length:#x}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DcAdd(_DynamicCapacity):
+    """Offer extents of a DC region to the host (one Dynamic Capacity event record
+    per extent, type Add Capacity). They stay pending in QEMU until the host accepts them."""
+
+    kind: ClassVar[str] = "dc-add"
+    command: ClassVar[str] = "cxl-add-dynamic-capacity"
+    policy_argument: ClassVar[str] = "selection-policy"
+    refusal_hints: ClassVar[Mapping[str, str]] = {"pending": DC_PENDING_HINT}
+
+
+@dataclass(frozen=True, kw_only=True)
+class DcRelease(_DynamicCapacity):
+    """Ask the host to give extents of a DC region back (a Dynamic Capacity Release
+    event). QEMU accepts it only for extents the host accepted before."""
+
+    kind: ClassVar[str] = "dc-release"
+    command: ClassVar[str] = "cxl-release-dynamic-capacity"
+    policy_argument: ClassVar[str] = "removal-policy"
+    refusal_hints: ClassVar[Mapping[str, str]] = {
+        "pending": DC_PENDING_HINT,
+        "non-existing": "no accepted extent covers that range (add it with dc-add first)",
+    }
+
+
 KINDS: Mapping[str, type[Injection]] = {
     kind.kind: kind
-    for kind in (Poison, Uncorrectable, Correctable, GeneralMediaEvent, DramEvent, MemoryModuleEvent)
+    for kind in (
+        Poison, Uncorrectable, Correctable, GeneralMediaEvent, DramEvent, MemoryModuleEvent,
+        DcAdd, DcRelease,
+    )
 }
 
 
@@ -555,15 +744,19 @@ class RunningInstance:
         return cls(name=name, inject_socket=Path(info["inject_socket"]), devices=devices)
 
     def execute(self, command: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        return asyncio.run(self._execute(command, arguments))
+        return self.execute_all([(command, arguments)])[0]
 
-    async def _execute(self, command: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    def execute_all(self, commands: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+        """QEMU's replies to ``commands``, sent in order over one connection."""
+        return asyncio.run(self._execute(commands))
+
+    async def _execute(self, commands: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
         from qemu.qmp import ConnectError, QMPClient, QMPError
 
         client = QMPClient(f"cxlssd-inject-{os.getpid()}")
         try:
             await asyncio.wait_for(client.connect(str(self.inject_socket)), QMP_TIMEOUT_S)
-            return await _raw_reply(client, command, arguments)
+            return [await _raw_reply(client, command, arguments) for command, arguments in commands]
         except TimeoutError:
             raise GuestError(
                 f"instance {self.name}'s QMP endpoint {self.inject_socket} did not answer within "
@@ -614,16 +807,13 @@ def _platform_devices(platform: Platform) -> tuple[DeviceView, ...]:
                 index=index, size_bytes=config.size_bytes,
                 memdev=d.memdev if d else None, region=d.region if d else None,
                 hpa_base=d.hpa_base if d else None, dpa_base=d.dpa_base if d else 0,
+                dynamic_capacity=DcLayout.of_config(config),
             )
         )
     return tuple(views)
 
 
-def prepare(
-    injection: Injection, devices: Sequence[DeviceView], instance: str
-) -> tuple[DeviceView, dict[str, Any]]:
-    """Check ``injection`` against the instance's devices; the device and the full
-    QMP arguments (with ``path``). Raises :class:`ConfigError`; sends nothing."""
+def _target_device(injection: Injection, devices: Sequence[DeviceView], instance: str) -> DeviceView:
     by_index = {d.index: d for d in devices}
     if injection.device not in by_index:
         indexes = ", ".join(str(i) for i in sorted(by_index)) or "none"
@@ -631,9 +821,50 @@ def prepare(
             f"device {injection.device} does not exist: instance {instance} has {len(by_index)} "
             f"CXL device(s) (index {indexes}); use --device with one of them"
         )
-    device = by_index[injection.device]
+    return by_index[injection.device]
+
+
+def prepare(
+    injection: Injection, devices: Sequence[DeviceView], instance: str
+) -> tuple[DeviceView, dict[str, Any]]:
+    """Check ``injection`` against the instance's devices; the device and the full
+    QMP arguments (with ``path``). Raises :class:`ConfigError`; sends nothing."""
+    device = _target_device(injection, devices, instance)
     injection.check_device(device)
     return device, {"path": device.qom_path, **injection.arguments()}
+
+
+def _qmp(
+    target: Platform | RunningInstance, commands: Sequence[tuple[str, dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """QEMU's raw replies (``{"return": ...}`` or ``{"error": ...}``) to ``commands``."""
+    if isinstance(target, RunningInstance):
+        return target.execute_all(commands)
+    return [target.qmp.cmd_raw(command, arguments) for command, arguments in commands]
+
+
+def _qom_values(target: Platform | RunningInstance, properties: Sequence[tuple[str, str]]) -> list[Any]:
+    replies = _qmp(target, [("qom-get", {"path": path, "property": name}) for path, name in properties])
+    for (path, name), reply in zip(properties, replies, strict=True):
+        if "error" in reply:
+            raise GuestError(
+                f"QEMU of instance {target.name} cannot read {path} property {name!r} "
+                f"({reply['error'].get('desc', reply['error'])}); is it QEMU >= 10.0?"
+            )
+    return [reply["return"] for reply in replies]
+
+
+def read_dc_layout(target: Platform | RunningInstance, device: DeviceView) -> DcLayout | None:
+    """The DC regions of ``device`` as QEMU has them (QOM: ``num-dc-regions`` and the
+    size of the ``volatile-dc-memdev`` backend, split evenly); None if it has none."""
+    regions, backend = _qom_values(
+        target, [(device.qom_path, "num-dc-regions"), (device.qom_path, "volatile-dc-memdev")]
+    )
+    if not regions or not backend:
+        return None
+    (size_bytes,) = _qom_values(target, [(backend, "size")])
+    # The DC regions follow the static capacity (no persistent memdev on this platform).
+    return DcLayout(regions=regions, region_bytes=size_bytes // regions, base_dpa=device.size_bytes)
 
 
 @dataclass(frozen=True)
@@ -668,12 +899,34 @@ def kill_firmware(target: Platform | RunningInstance) -> InjectionRecord:
     )
 
 
+def attached_profile(target: Platform | RunningInstance) -> Profile | None:
+    """The design of the firmware attached to ``target``, from its command line
+    (``serve-firmware --design NAME --set KEY=VALUE ...``); None if it cannot be read
+    (the firmware then checks the knob alone)."""
+    try:
+        pid = int(_attached(target, firmware_pid_path).read_text())
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    except (ConfigError, OSError, ValueError):
+        return None
+    design, overrides = None, []
+    for option, value in itertools.pairwise(argv):
+        if option == "--design":
+            design = value
+        elif option == "--set":
+            overrides.append(value)
+    return load_profile(design, overrides) if "serve-firmware" in argv and design is not None else None
+
+
 def send_knob(
     target: Platform | RunningInstance, knob: FirmwareKnob, at_ms: float | None = None
 ) -> InjectionRecord:
-    """Hand ``knob`` to the firmware attached to ``target`` (its control file); with
-    ``at_ms``, the firmware applies it that long (modelled) after its first request."""
+    """Check ``knob`` against the design of the firmware attached to ``target``, then
+    hand it over (the firmware's control file); with ``at_ms``, the firmware applies
+    it that long (modelled) after its first request."""
     control = _attached(target, control_path)
+    profile = attached_profile(target)
+    if profile is not None:
+        check_fits(knob, DeviceShape.of_profile(profile))  # InputError: nothing is sent
     arguments = knob_to_dict(knob) if at_ms is None else {**knob_to_dict(knob), "at_ms": at_ms}
     with open(control, "a") as stream:  # one short line: a single append, never interleaved
         stream.write(json.dumps(arguments) + "\n")
@@ -694,23 +947,23 @@ def inject(
         return kill_firmware(target)
     if not isinstance(injection, Injection):
         return send_knob(target, injection)
-    if isinstance(target, RunningInstance):
-        device, arguments = prepare(injection, target.devices, target.name)
-        reply = target.execute(injection.command, arguments)
-        name = target.name
-    else:
-        device, arguments = prepare(injection, _platform_devices(target), target.name)
-        reply = target.qmp.cmd_raw(injection.command, arguments)
-        name = target.name
+    name = target.name
+    devices: Sequence[DeviceView] = (
+        target.devices if isinstance(target, RunningInstance) else _platform_devices(target)
+    )
+    if injection.needs_dc_layout:
+        # Checked against QEMU's own view (a RunningInstance knows no config, and this
+        # also catches a device QEMU built otherwise than the config says).
+        device = _target_device(injection, devices, name)
+        devices = [replace(device, dynamic_capacity=read_dc_layout(target, device))]
+    device, arguments = prepare(injection, devices, name)
+    (reply,) = _qmp(target, [(injection.command, arguments)])
     if "error" in reply:
+        refusal = str(reply["error"].get("desc", reply["error"]))
+        hints = [hint for words, hint in injection.refusal_hints.items() if words in refusal]
         raise ConfigError(
             f"QEMU refused {injection.command} on {name} device {device.index}: "
-            f"{reply['error'].get('desc', reply['error'])}"
-            + (
-                "; poison ranges must not overlap poison injected before"
-                if "Overlap" in str(reply["error"])
-                else ""
-            )
+            + "; ".join([refusal, *hints])
         )
     dpa = getattr(injection, "dpa", None)
     return InjectionRecord(

@@ -7,7 +7,9 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 
+from cxlssd.errors import ConfigError
 from cxlssd.firmware.knobs import KNOBS, FirmwareKnob, knob_from_dict
+from cxlssd.platform.config import parse_size
 from cxlssd.platform.inject import (
     CORRECTABLE_TYPES,
     DESCRIPTOR_BITS,
@@ -21,6 +23,9 @@ from cxlssd.platform.inject import (
     TRANSACTION_TYPES,
     UNCORRECTABLE_TYPES,
     Correctable,
+    DcAdd,
+    DcExtent,
+    DcRelease,
     DramEvent,
     FirmwareKill,
     GeneralMediaEvent,
@@ -38,6 +43,9 @@ EXAMPLES = """examples:
   ./cxlssd inject --instance default-ab12cd poison --dpa 0x1000 --length 64
   ./cxlssd inject --instance default-ab12cd general-media --dpa 0x2000 --type ecc-error
   ./cxlssd inject --instance default-ab12cd correctable --type mem-data-ecc
+  ./cxlssd inject --instance dcd-ab12cd dc-add --region 0 --extent 0:2MiB --extent 4MiB:4MiB
+  ./cxlssd inject --instance default-ab12cd gc-storm --duration-ms 50      (a firmware knob)
+  ./cxlssd inject --instance default-ab12cd die-fault --channel 3 --slow 4
 the instance name is printed when a platform boots (runtime dir /dev/shm/cxlssd-$UID/NAME);
 details, and what the guest shows for each kind: docs/inject.md"""
 
@@ -51,6 +59,28 @@ def _number(text: str) -> int:
 
 def _numbers(text: str) -> tuple[int, ...]:
     return tuple(_number(part) for part in text.split(",") if part)
+
+
+def _byte_count(text: str) -> int:
+    """A number (``0x400000``) or a size with a binary unit (``4MiB``); 0 allowed."""
+    try:
+        return int(text, 0)
+    except ValueError:
+        pass
+    try:
+        return parse_size(text, "")
+    except ConfigError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a byte count (a number, hex as 0x..., or with KiB/MiB/GiB, e.g. 2MiB)"
+        ) from None
+
+
+def _extent(text: str) -> DcExtent:
+    """``OFFSET:LENGTH``, each a byte count."""
+    offset, colon, length = text.partition(":")
+    if not colon:
+        raise argparse.ArgumentTypeError(f"{text!r} is not OFFSET:LENGTH, e.g. 0:2MiB or 0x400000:0x200000")
+    return DcExtent(offset=_byte_count(offset), length=_byte_count(length))
 
 
 def _bits_parser(names: Mapping[str, int]) -> Callable[[str], int]:
@@ -82,7 +112,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "inject",
         help="inject a CXL fault or event into a running instance (QEMU QMP)",
         description="Inject a CXL fault or event into a running platform instance, at run time. "
-        "Every injection is checked (device, address range, 64-byte alignment, known types) "
+        "Every injection is checked (device, address range, 64-byte or DC block alignment, "
+        "DC regions, known types) "
         "before anything is sent.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -163,6 +194,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     mm.add_argument("--corrected-volatile-errors", type=_number, default=0)
     mm.add_argument("--corrected-persistent-errors", type=_number, default=0)
 
+    extents = argparse.ArgumentParser(add_help=False)
+    extents.add_argument("--region", type=_number, default=0, help="DC region index (default 0)")
+    extents.add_argument(
+        "--extent", dest="extents", type=_extent, action="append", required=True, metavar="OFFSET:LENGTH",
+        help="bytes from the region's start and length, multiples of 2MiB (QEMU's DC block), "
+        "e.g. 0:2MiB or 0x400000:0x200000; repeatable",
+    )
+    dc_add = kinds.add_parser(
+        "dc-add", parents=[common, extents],
+        help="dynamic capacity: offer extents of a DC region to the host (a DCD, e.g. configs/dcd.yaml)",
+    )
+    dc_release = kinds.add_parser(
+        "dc-release", parents=[common, extents],
+        help="dynamic capacity: ask the host to release extents it accepted",
+    )
+
     # Firmware knobs: sent to the firmware attached to the instance (docs/inject.md).
     flash = kinds.add_parser("flash-latency", help="firmware knob: flash read/program/erase time")
     flash.add_argument("--read-ns", type=_number)
@@ -175,13 +222,58 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     spike.add_argument("--extra-ns", type=_number, required=True)
     spike.add_argument("--duration-ms", type=float, required=True)
+    storm = kinds.add_parser(
+        "gc-storm", help="firmware knob: forced garbage collection for N ms of modelled time (or N blocks)"
+    )
+    storm_size = storm.add_mutually_exclusive_group(required=True)
+    storm_size.add_argument("--duration-ms", type=float, help="keep the dies collecting this long (modelled)")
+    storm_size.add_argument("--blocks", type=_number, help="collect this many blocks on each die at once")
+    storm.add_argument("--dies", type=_numbers, metavar="D,D,...", help="die indexes (default: every die)")
+    die = kinds.add_parser(
+        "die-fault", help="firmware knob: slow down, fail or restore a flash die (or a channel's dies)"
+    )
+    where = die.add_mutually_exclusive_group(required=True)
+    where.add_argument("--die", type=_number, help="die index (die d is on channel d %% channels)")
+    where.add_argument("--channel", type=_number, help="every die of this flash channel")
+    what = die.add_mutually_exclusive_group(required=True)
+    what.add_argument("--slow", type=float, metavar="FACTOR", help="multiply its read/program/erase times")
+    what.add_argument("--fail", action="store_true", help="fail it: no new writes, its pages rebuilt on read")
+    what.add_argument("--restore", action="store_true", help="bring it back to normal")
+    throttle = kinds.add_parser(
+        "flush-throttle", help="firmware knob: at most one write-log flush program per N ns"
+    )
+    rate = throttle.add_mutually_exclusive_group(required=True)
+    rate.add_argument("--interval-ns", type=_number, help="ns between flush programs (0 restores)")
+    rate.add_argument("--off", action="store_true", help="stop throttling")
 
     kill = kinds.add_parser(
         "firmware-kill", help="process fault: SIGKILL the firmware attached to the instance"
     )
 
-    for kind_parser in (poison, unc, cor, gm, dram, mm, flash, link, spike, kill):
+    for kind_parser in (
+        poison, unc, cor, gm, dram, mm, dc_add, dc_release, flash, link, spike, storm, die, throttle, kill
+    ):
         kind_parser.set_defaults(handler=run_inject)
+    for knob_parser, fields in (
+        (flash, _given("read_ns", "program_ns", "erase_ns")), (link, _given("extra_ns")),
+        (spike, _given("extra_ns", "duration_ms")), (storm, _given("duration_ms", "blocks", "dies")),
+        (die, _die_fault_fields), (throttle, _throttle_fields),
+    ):
+        knob_parser.set_defaults(knob_fields=fields)
+
+
+def _given(*names: str) -> Callable[[argparse.Namespace], dict[str, object]]:
+    """The knob fields of these options, those the user gave."""
+    return lambda args: _optional(args, *names)
+
+
+def _die_fault_fields(args: argparse.Namespace) -> dict[str, object]:
+    mode = "fail" if args.fail else "restore" if args.restore else "slow"
+    return {"mode": mode, "factor": args.slow, **_optional(args, "die", "channel")}
+
+
+def _throttle_fields(args: argparse.Namespace) -> dict[str, object]:
+    return {"program_interval_ns": 0 if args.off else args.interval_ns}
 
 
 def _optional(args: argparse.Namespace, *names: str) -> dict[str, object]:
@@ -194,9 +286,8 @@ def build_injection(args: argparse.Namespace) -> Injection | FirmwareKnob | Firm
     if args.kind == FirmwareKill.kind:
         return FirmwareKill()
     if args.kind in KNOBS:
-        options = {k: v for k, v in vars(args).items() if k in ("read_ns", "program_ns", "erase_ns",
-                                                                 "extra_ns", "duration_ms") and v is not None}
-        return knob_from_dict({"kind": args.kind, **options})  # InputError names a bad value
+        fields = {k: v for k, v in args.knob_fields(args).items() if v is not None}
+        return knob_from_dict({"kind": args.kind, **fields})  # InputError names a bad value
     device = args.device
     if args.kind == "poison":
         return Poison(device=device, dpa=args.dpa, length=args.length)
@@ -207,6 +298,9 @@ def build_injection(args: argparse.Namespace) -> Injection | FirmwareKnob | Firm
         )
     if args.kind == "correctable":
         return Correctable(device=device, error_type=args.error_type)
+    if args.kind in (DcAdd.kind, DcRelease.kind):
+        dynamic = DcAdd if args.kind == DcAdd.kind else DcRelease
+        return dynamic(device=device, region=args.region, extents=tuple(args.extents))
     if args.kind in ("general-media", "dram"):
         options = _optional(
             args, "log", "flags", "descriptor", "event_type", "transaction_type", "channel", "rank"

@@ -78,6 +78,12 @@ class LaunchFiles:
         holds the first."""
         return self.qmp_socket.with_name("inject.sock")
 
+    def dc_backing(self, index: int) -> Path:
+        """The backing file of device ``index``'s dynamic capacity, next to its static
+        one (file offset == DPA - the first DC region's base)."""
+        static = self.cxl_backing[index]
+        return static.with_name(f"{static.stem}-dc{static.suffix}")
+
 
 KERNEL_ARGS = (
     # The root filesystem is the initramfs (see guest/image.py): no disk, no DMA.
@@ -122,18 +128,32 @@ def qemu_argv(
         zip(config.cxl_devices, files.cxl_backing, strict=True)
     ):
         size = _qemu_size(device.size_bytes)
+        dynamic = device.dynamic_capacity
+        dc_object, dc_options = [], ""
+        if dynamic is not None:
+            # A DCD (QEMU 10.0 cxl-type3): its DC regions split this backend evenly, after the
+            # static capacity in DPA space; QEMU's DC block size is 2 MiB.
+            dc_object = [
+                "-object",
+                f"memory-backend-file,id=cxl-dc{index},share=on,mem-path={files.dc_backing(index)},"
+                f"size={_qemu_size(dynamic.size_bytes)}",
+            ]
+            dc_options = f",volatile-dc-memdev=cxl-dc{index},num-dc-regions={dynamic.regions}"
         argv += [
             "-object",
             f"memory-backend-file,id=cxl-mem{index},share=on,mem-path={backing},size={size}",
+            *dc_object,
             "-device",
             f"pxb-cxl,bus_nr={12 + 8 * index},bus=pcie.0,id=cxl.{index}",
             "-device",
             f"cxl-rp,port=0,bus=cxl.{index},id=cxl-rp{index},chassis=0,slot={2 + index}",
             # x-pcie-err-unc-mask=off lets injected uncorrectable errors reach the guest.
             "-device",
-            f"cxl-type3,bus=cxl-rp{index},volatile-memdev=cxl-mem{index},"
+            f"cxl-type3,bus=cxl-rp{index},volatile-memdev=cxl-mem{index}{dc_options},"
             f"id=cxl-vmem{index},x-pcie-err-unc-mask=off",
         ]
+        # The window spans the static capacity only: the guest kernel (6.12) has no
+        # DC partition, so it never maps dynamic capacity (docs/inject.md).
         windows.append(f"cxl-fmw.{index}.targets.0=cxl.{index},cxl-fmw.{index}.size={size}")
     # QEMU takes all fixed memory windows in one -M option ("used inconsistently" otherwise).
     return [*argv, "-M", ",".join(windows)]

@@ -1,4 +1,5 @@
-"""Platform configuration: sizes, keys and limits are checked with clear errors."""
+"""Platform configuration: sizes, keys and limits are checked with clear errors;
+a dynamic capacity device reaches QEMU's command line."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from cxlssd.errors import ConfigError
 from cxlssd.platform.config import (
     CONFIG_DIR,
+    DynamicCapacityConfig,
     GiB,
     MiB,
     config_from_dict,
@@ -16,6 +18,7 @@ from cxlssd.platform.config import (
     load_config,
     parse_size,
 )
+from cxlssd.platform.qemu import LaunchFiles, QemuBinary, qemu_argv
 
 
 @pytest.mark.parametrize(
@@ -42,6 +45,11 @@ def test_shipped_configs_load() -> None:
     assert default.cxl_total_bytes == GiB and default.guest.vcpus == 1
     two = load_config(CONFIG_DIR / "two-devices.yaml")
     assert [d.size_bytes for d in two.cxl_devices] == [512 * MiB, 256 * MiB]
+    assert all(d.dynamic_capacity is None for d in (*default.cxl_devices, *two.cxl_devices))
+    dcd = load_config(CONFIG_DIR / "dcd.yaml")
+    assert dcd.cxl_devices[0].size_bytes == GiB
+    assert dcd.cxl_devices[0].dynamic_capacity == DynamicCapacityConfig(regions=1, size_bytes=256 * MiB)
+    assert dcd.cxl_total_bytes == GiB + 256 * MiB  # the host backs the dynamic capacity too
 
 
 @pytest.mark.parametrize(
@@ -57,6 +65,19 @@ def test_shipped_configs_load() -> None:
         ({"cxl_devices": []}, "non-empty list"),
         ({"cxl_devices": [{"size": "1GiB", "kind": "pmem"}]}, "unknown key 'kind'"),
         ({"name": "bad name!"}, "name 'bad name!'"),
+        ({"cxl_devices": [{"size": "1GiB", "dynamic_capacity": {"region": 1}}]},
+         "dynamic_capacity: unknown key 'region'; did you mean 'regions'"),
+        ({"cxl_devices": [{"size": "1GiB", "dynamic_capacity": {"regions": 2}}]}, "missing 'size'"),
+        ({"cxl_devices": [{"size": "1GiB", "dynamic_capacity": {"regions": 0, "size": "256MiB"}}]},
+         "dynamic_capacity.regions: must be positive"),
+        ({"cxl_devices": [{"size": "1GiB", "dynamic_capacity": {"regions": 9, "size": "9GiB"}}]},
+         "9 DC regions; a device has at most 8"),
+        ({"cxl_devices": [{"size": "1GiB", "dynamic_capacity": {"regions": 2, "size": "256MiB"}}]},
+         "dynamic_capacity.size: 256MiB does not split into 2 region"),
+        ({"cxl_devices": [{"size": "1GiB", "dynamic_capacity": {"regions": 2, "size": "768MiB"}}]},
+         "use e.g. 512MiB or 1GiB"),
+        ({"cxl_devices": [{"size": "1GiB", "dynamic_capacity": {"size": "100MiB"}}]}, "does not split"),
+        ({"cxl_devices": [{"size": "1GiB", "dynamic_capacity": "256MiB"}]}, "expected a mapping"),
         ("just text", "expected a mapping"),
     ],
 )
@@ -75,3 +96,28 @@ def test_malformed_yaml_names_the_line(tmp_path: Path) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read platform config"):
         load_config(tmp_path / "nope.yaml")
+
+
+def _argv(config_name: str) -> list[str]:
+    config = load_config(CONFIG_DIR / config_name)
+    run = Path("/run/x")
+    files = LaunchFiles(
+        kernel=Path("/k"), rootfs=Path("/r"), qmp_socket=run / "qmp.sock", serial_log=Path("/log/serial"),
+        host_key=run / "hk", authorized_keys=run / "ak",
+        cxl_backing=tuple(run / f"cxl{i}.raw" for i in range(len(config.cxl_devices))),
+    )
+    return qemu_argv(QemuBinary("/usr/bin/qemu", (10, 0, 2)), config, files, 2222)
+
+
+def test_dynamic_capacity_reaches_the_qemu_device() -> None:
+    """dcd.yaml: a DC backend next to the static one in the runtime dir, the device's
+    DC options; the window stays the static capacity (the guest cannot map DC)."""
+    argv = _argv("dcd.yaml")
+    assert "memory-backend-file,id=cxl-dc0,share=on,mem-path=/run/x/cxl0-dc.raw,size=256M" in argv
+    assert (
+        "cxl-type3,bus=cxl-rp0,volatile-memdev=cxl-mem0,volatile-dc-memdev=cxl-dc0,num-dc-regions=1,"
+        "id=cxl-vmem0,x-pcie-err-unc-mask=off"
+    ) in argv
+    assert "cxl-fmw.0.targets.0=cxl.0,cxl-fmw.0.size=1024M" in argv
+    plain = _argv("default.yaml")
+    assert not any("dc-memdev" in a or "cxl-dc" in a for a in plain)

@@ -2,10 +2,11 @@
 
 Unit tests check every validation without a VM, and the CLI's errors through
 ``cxlssd.cli.main``; a QEMU started paused (no guest, <1 s) checks that every kind's
-arguments are accepted by the real QEMU 10 and that the by-name path works; the
-guest tests inject each kind into the session's shared guest and find its effect
-there. The uncorrectable error breaks the device's region (link reset), so it gets
-a guest of its own, last in the module.
+arguments are accepted by the real QEMU 10 and that the by-name path works (a DCD
+one: dynamic capacity, checked against the regions QEMU reports); the guest tests
+inject each kind into the session's shared guest and find its effect there. Dynamic
+capacity needs a DCD (platform/configs/dcd.yaml) and the uncorrectable error breaks
+the device's region (link reset): each gets a guest of its own, last in the module.
 """
 
 from __future__ import annotations
@@ -26,9 +27,13 @@ import pytest
 from cxlssd.cli import main
 from cxlssd.errors import ConfigError
 from cxlssd.paths import runtime_root
-from cxlssd.platform.config import load_config
+from cxlssd.platform.config import CONFIG_DIR, load_config
 from cxlssd.platform.inject import (
     Correctable,
+    DcAdd,
+    DcExtent,
+    DcLayout,
+    DcRelease,
     DeviceView,
     DramEvent,
     GeneralMediaEvent,
@@ -40,6 +45,7 @@ from cxlssd.platform.inject import (
     UncorrectableError,
     inject,
     prepare,
+    read_dc_layout,
     running_instances,
     unmask_corrected_internal_errors,
 )
@@ -47,7 +53,15 @@ from cxlssd.platform.machine import Platform
 from cxlssd.platform.qemu import check_qemu
 
 GiB = 1 << 30
+MiB = 1 << 20
 DEVICE = DeviceView(index=0, size_bytes=GiB, memdev="mem0", region="region0", hpa_base=0x410000000)
+# A DCD: two 256 MiB DC regions after its 1 GiB of static capacity.
+DCD = DeviceView(index=0, size_bytes=GiB, dynamic_capacity=DcLayout(regions=2, region_bytes=256 * MiB,
+                                                                    base_dpa=GiB))
+
+
+def _extents(*pairs_mib: tuple[int, int]) -> tuple[DcExtent, ...]:
+    return tuple(DcExtent(offset=o * MiB, length=n * MiB) for o, n in pairs_mib)
 
 
 def run_cli(*argv: str) -> int:
@@ -96,6 +110,17 @@ def run_cli(*argv: str) -> int:
         (lambda: MemoryModuleEvent(life_used=101), "percentage"),
         (lambda: MemoryModuleEvent(temperature=1 << 15), "16 bits signed"),
         (lambda: MemoryModuleEvent(dirty_shutdown_count=1 << 32), "32-bit"),
+        (lambda: DcAdd(extents=()), "needs 1..512 extents"),
+        (lambda: DcAdd(extents=_extents(*[(2 * i, 2) for i in range(513)])), "needs 1..512 extents"),
+        (lambda: DcAdd(extents=(DcExtent(offset=0x1000, length=2 * MiB),)),
+         r"offset 0x1000 is not a multiple of the DC block size 2MiB.*use 0x0 or 0x200000"),
+        (lambda: DcAdd(extents=_extents((0, 3))), r"length 0x300000 is not a multiple"),
+        (lambda: DcRelease(extents=_extents((2, 0))), "has length 0"),
+        (lambda: DcAdd(extents=(DcExtent(offset=-2 * MiB, length=2 * MiB),)), "non-negative"),
+        (lambda: DcAdd(extents=_extents((0, 4), (2, 2))), r"0x0\+0x400000 and 0x200000\+0x200000 overlap"),
+        (lambda: DcAdd(region=8, extents=_extents((0, 2))), "region 8 must be a DC region index 0..7"),
+        (lambda: DcAdd(extents=(0x200000,)), "extent 2097152 is not an offset and a length"),
+        (lambda: DcRelease(extents=({"offset": 0, "len": 2 * MiB},)), "is not an offset and a length"),
     ],
 )
 def test_malformed_injections_are_rejected_when_built(build: Callable[[], object], message: str) -> None:
@@ -112,11 +137,31 @@ def test_malformed_injections_are_rejected_when_built(build: Callable[[], object
         (DramEvent(dpa=GiB), "outside device 0"),
         (Poison(dpa=0, device=1), r"device 1 does not exist.*1 CXL device\(s\) \(index 0\)"),
         (Correctable(error_type="physical", device=3), "device 3 does not exist"),
+        (DcAdd(extents=_extents((0, 2))),
+         r"device 0 is not a dynamic capacity device.*--config platform/configs/dcd.yaml"),
+        (DcRelease(extents=_extents((0, 2))), "not a dynamic capacity device"),
     ],
 )
 def test_injections_outside_the_device_are_rejected(injection: Injection, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         prepare(injection, [DEVICE], "test-instance")
+
+
+@pytest.mark.parametrize(
+    ("injection", "message"),
+    [
+        (DcAdd(region=2, extents=_extents((0, 2))),
+         r"DC region 2 does not exist: device 0 has 2 DC region\(s\) \(index 0..1\)"),
+        (DcAdd(region=1, extents=_extents((254, 4))),
+         r"0xfe00000\+0x400000 is beyond the end of DC region 1 \(256MiB: offsets 0x0..0xfffffff, "
+         r"DPA 0x50000000..0x5fffffff\); use an offset up to 0xfc00000"),
+        (DcRelease(extents=_extents((0, 2), (256, 2))), "beyond the end of DC region 0"),
+        (DcAdd(extents=_extents((0, 512))), "use a shorter extent"),
+    ],
+)
+def test_dynamic_capacity_outside_the_dc_regions_is_rejected(injection: Injection, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        prepare(injection, [DCD], "test-instance")
 
 
 def test_qmp_arguments_use_qemu_10_names() -> None:
@@ -145,6 +190,18 @@ def test_qmp_arguments_use_qemu_10_names() -> None:
         errors=(UncorrectableError(error_type="internal", header=(1, 2)),)
     ).arguments() == {"errors": [{"type": "internal", "header": [1, 2]}]}
     assert Correctable(error_type="mem-data-ecc").arguments() == {"type": "mem-data-ecc"}
+    _, args = prepare(DcAdd(region=1, extents=_extents((0, 2), (8, 4))), [DCD], "t")
+    assert args == {
+        "path": "/machine/peripheral/cxl-vmem0", "host-id": 0, "selection-policy": "prescriptive",
+        "region": 1, "extents": [{"offset": 0, "len": 2 * MiB}, {"offset": 8 * MiB, "len": 4 * MiB}],
+    }
+    assert DcRelease(extents=_extents((254, 2))).arguments() == {
+        "host-id": 0, "removal-policy": "prescriptive", "region": 0,
+        "extents": [{"offset": 254 * MiB, "len": 2 * MiB}],
+    }
+    # Pairs and mappings (a scenario's YAML) are extents too.
+    given = ((0, 2 * MiB), {"offset": 4 * MiB, "length": 2 * MiB})
+    assert DcAdd(extents=given).extents == _extents((0, 2), (4, 2))  # type: ignore[arg-type]
 
 
 # -- the CLI, no VM: a fake running instance (this process stands in for it) ------------
@@ -181,6 +238,9 @@ def fake_instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[s
         (["general-media", "--dpa", "0x2000", "--log", "loud"], "event log 'loud' is unknown"),
         (["dram", "--dpa", "0x2000", "--type", "9"], "event type 9 is not a known value"),
         (["memory-module", "--life-used", "150"], "percentage"),
+        (["dc-add", "--extent", "0:3MiB"], "length 0x300000 is not a multiple of the DC block size"),
+        (["dc-release", "--region", "9", "--extent", "0:2MiB"], "region 9 must be a DC region index"),
+        (["dc-add", "--extent", "0:2MiB", "--extent", "0x100000:0x200000"], "offset 0x100000"),
     ],
 )
 def test_cli_rejects_malformed_injections(
@@ -213,16 +273,19 @@ def test_cli_rejects_an_unknown_kind(capsys: pytest.CaptureFixture[str]) -> None
 def test_cli_rejects_a_malformed_number(capsys: pytest.CaptureFixture[str]) -> None:
     assert run_cli("inject", "--instance", "x", "poison", "--dpa", "0x1g") == 2
     assert "'0x1g' is not a number" in capsys.readouterr().err
+    assert run_cli("inject", "--instance", "x", "dc-add", "--extent", "2MiB") == 2
+    assert "'2MiB' is not OFFSET:LENGTH" in capsys.readouterr().err
+    assert run_cli("inject", "--instance", "x", "dc-add", "--extent", "0:2MB") == 2
+    assert "'2MB' is not a byte count" in capsys.readouterr().err
 
 
 # -- a real QEMU, paused (no guest): every kind is accepted, QEMU's refusals surface ----
 
 
-@pytest.fixture
-def paused_qemu(tmp_path: Path) -> Iterator[str]:
+def _paused(name: str, dynamic_capacity: str = "") -> Iterator[str]:
     """QEMU 10 with one 256 MiB CXL Type-3 device, never started (-S), registered as
-    a running instance; the platform's own device options and two QMP sockets."""
-    name = f"paused-{os.getpid()}"
+    a running instance; the platform's own device options and two QMP sockets.
+    ``dynamic_capacity``: the DC part of the device (its options after a backend)."""
     rundir = runtime_root() / name
     rundir.mkdir(mode=0o700)
     qemu = check_qemu()
@@ -230,9 +293,11 @@ def paused_qemu(tmp_path: Path) -> Iterator[str]:
         qemu.binary, "-M", "q35,cxl=on", "-accel", "tcg", "-S", "-m", "512M,maxmem=2G,slots=4",
         "-display", "none", "-monitor", "none", "-nodefaults",
         "-object", f"memory-backend-file,id=cxl-mem0,share=on,mem-path={rundir}/cxl0.raw,size=256M",
+        "-object", f"memory-backend-file,id=cxl-dc0,share=on,mem-path={rundir}/cxl0-dc.raw,size=512M",
         "-device", "pxb-cxl,bus_nr=12,bus=pcie.0,id=cxl.0",
         "-device", "cxl-rp,port=0,bus=cxl.0,id=cxl-rp0,chassis=0,slot=2",
-        "-device", "cxl-type3,bus=cxl-rp0,volatile-memdev=cxl-mem0,id=cxl-vmem0,x-pcie-err-unc-mask=off",
+        "-device", "cxl-type3,bus=cxl-rp0,volatile-memdev=cxl-mem0,id=cxl-vmem0,x-pcie-err-unc-mask=off"
+        + dynamic_capacity,
         "-M", "cxl-fmw.0.targets.0=cxl.0,cxl-fmw.0.size=4G",
         "-qmp", f"unix:{rundir}/qmp.sock,server=on,wait=off",
         "-qmp", f"unix:{rundir}/inject.sock,server=on,wait=off",
@@ -255,6 +320,17 @@ def paused_qemu(tmp_path: Path) -> Iterator[str]:
         process.send_signal(signal.SIGKILL)
         process.wait()
         shutil.rmtree(rundir)
+
+
+@pytest.fixture
+def paused_qemu() -> Iterator[str]:
+    yield from _paused(f"paused-{os.getpid()}")
+
+
+@pytest.fixture
+def paused_dcd() -> Iterator[str]:
+    """The same device as a DCD: two 256 MiB DC regions (DPA 256 MiB..768 MiB)."""
+    yield from _paused(f"paused-dcd-{os.getpid()}", ",volatile-dc-memdev=cxl-dc0,num-dc-regions=2")
 
 
 def test_every_kind_is_accepted_by_qemu_10(paused_qemu: str) -> None:
@@ -285,6 +361,56 @@ def test_cli_injects_into_an_instance_by_name(
     assert run_cli("inject", "--instance", paused_qemu, "poison", "--dpa", "0x1000", "--length", "64") == 0
     record = json.loads(capsys.readouterr().out)
     assert record["arguments"] == {"path": "/machine/peripheral/cxl-vmem0", "start": 0x1000, "length": 64}
+
+
+def test_dynamic_capacity_on_a_device_without_it_is_refused_before_sending(paused_qemu: str) -> None:
+    """QEMU is asked what the device is (QOM), and the request is not sent."""
+    with pytest.raises(ConfigError, match=r"not a dynamic capacity device.*platform/configs/dcd.yaml"):
+        inject(paused_qemu, DcAdd(extents=_extents((0, 2))))
+
+
+def test_dynamic_capacity_is_checked_against_the_regions_qemu_reports(paused_dcd: str) -> None:
+    instance = RunningInstance.find(paused_dcd)
+    assert read_dc_layout(instance, instance.devices[0]) == DcLayout(
+        regions=2, region_bytes=256 * MiB, base_dpa=256 * MiB
+    )
+    with pytest.raises(ConfigError, match=r"DC region 2 does not exist.*2 DC region\(s\)"):
+        inject(instance, DcAdd(region=2, extents=_extents((0, 2))))
+    with pytest.raises(ConfigError, match=r"beyond the end of DC region 1 .*DPA 0x20000000..0x2fffffff"):
+        inject(instance, DcAdd(region=1, extents=_extents((256, 2))))
+    # Nothing of the refused requests reached QEMU: the same ranges are still free to add.
+    record = inject(instance, DcAdd(region=1, extents=_extents((0, 2), (254, 2))))
+    assert record.kind == "dc-add" and record.command == "cxl-add-dynamic-capacity"
+    assert record.arguments["extents"] == [
+        {"offset": 0, "len": 2 * MiB}, {"offset": 254 * MiB, "len": 2 * MiB}
+    ]
+
+
+def test_qemu_keeps_added_extents_pending_until_the_host_accepts_them(paused_dcd: str) -> None:
+    """QEMU's own view (it has no query for extents): an added extent is pending, so
+    adding or releasing it again is refused with the reason; a release of a range
+    never added is refused too. No host runs here, like the 6.12 guest that never
+    answers an add (test_dynamic_capacity_add_and_release_in_a_dcd_guest)."""
+    inject(paused_dcd, DcAdd(extents=_extents((0, 4))))
+    with pytest.raises(ConfigError, match=r"still pending; the host has not accepted .*6\.12"):
+        inject(paused_dcd, DcAdd(extents=_extents((2, 2))))
+    with pytest.raises(ConfigError, match=r"release extent with pending DPA range; the host has not"):
+        inject(paused_dcd, DcRelease(extents=_extents((0, 4))))
+    with pytest.raises(ConfigError, match=r"non-existing DPA range; no accepted extent covers that range"):
+        inject(paused_dcd, DcRelease(extents=_extents((8, 2))))
+    inject(paused_dcd, DcAdd(extents=_extents((4, 2))))  # the next block is still free
+
+
+def test_cli_adds_dynamic_capacity_by_name(paused_dcd: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ("inject", "--instance", paused_dcd, "dc-add", "--region", "1", "--extent", "0:2MiB",
+            "--extent", "0x400000:0x400000")
+    assert run_cli(*argv) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["arguments"]["region"] == 1
+    assert record["arguments"]["extents"] == [
+        {"offset": 0, "len": 2 * MiB}, {"offset": 4 * MiB, "len": 4 * MiB}
+    ]
+    assert run_cli(*argv) == 2  # the same again: pending in QEMU
 
 
 # -- real guests: each kind's effect seen from inside ------------------------------------
@@ -412,6 +538,86 @@ def test_cli_injects_into_the_running_shared_guest_by_name(
     bad = cli("inject", "--instance", default_platform.name, "poison", "--dpa", "0x40000000", timeout=120)
     assert bad.returncode == 2 and "outside device 0" in bad.stderr
     assert default_platform.guest().run(["true"])[0] == 0
+
+
+# The DSMAS entries (CDAT 1.03 Table 3) of a memdev's endpoint, as the guest kernel
+# exposes its CDAT: one "flags DPA-base DPA-length" line each.
+_DSMAS_SCRIPT = r"""
+import glob, os, struct, sys
+[endpoint] = [e for e in glob.glob("/sys/bus/cxl/devices/endpoint*")
+              if os.path.basename(os.path.realpath(e + "/uport")) == sys.argv[1]]
+data = open(endpoint + "/CDAT", "rb").read()
+offset, end = 16, struct.unpack_from("<I", data)[0]  # after the CDAT header
+while offset < end:
+    kind, _, length = struct.unpack_from("<BBH", data, offset)
+    if kind == 0:  # DSMAS: handle, flags, reserved, DPA base, DPA length
+        _, flags, _, base, size = struct.unpack_from("<BBHQQ", data, offset + 4)
+        print(flags, base, size)
+    offset += length
+"""
+DSMAS_DYNAMIC_CAPACITY = 1 << 5  # the DSMAS flag of a DC region (CDAT 1.04)
+# QEMU signals event log L on MSI-X vector 2 + L; the Dynamic Capacity log is L = 4.
+DC_LOG_VECTOR = 6
+
+
+def _device_interrupts(guest: Any, memdev: str) -> dict[int, int]:
+    """Interrupts taken so far per MSI-X vector of ``memdev``'s PCI function."""
+    _, out, _ = guest.run(
+        ["sh", "-c", f"grep PCI-MSIX-$(basename $(dirname $(readlink -f /sys/bus/cxl/devices/{memdev})))"
+         " /proc/interrupts"], check=True,
+    )
+    lines = [line.split() for line in out.decode().splitlines()]
+    return {int(fields[3].split("-")[0]): int(fields[1]) for fields in lines}
+
+
+def _cxl_log_lines(guest: Any) -> list[str]:
+    _, out, _ = guest.run(["dmesg"], check=True)
+    return [line for line in out.decode(errors="replace").splitlines() if re.search(r"cxl|mem0|0d:00", line)]
+
+
+@pytest.mark.guest
+def test_dynamic_capacity_add_and_release_in_a_dcd_guest() -> None:
+    """A DCD guest of its own (platform/configs/dcd.yaml). The guest sees the DC region
+    only in the device's CDAT; its kernel (6.12) has no DCD support. dc-add reaches the
+    device (QEMU accepts it and holds the extents pending) but the guest shows nothing:
+    its driver requested no interrupt for the DC event log, so none arrives, no trace
+    event, no log line, the memdev's capacity is unchanged. dc-release of the extents is
+    then refused by QEMU (still pending). A general-media event injected afterwards is
+    traced, and alone: the guest was listening the whole time."""
+    config = load_config(CONFIG_DIR / "dcd.yaml")
+    dynamic = config.cxl_devices[0].dynamic_capacity
+    assert dynamic is not None
+    with Platform(config) as platform:
+        guest = platform.guest()
+        device = platform.devices[0]
+        # QEMU made the device the config asked for (its QOM view).
+        layout = read_dc_layout(platform, DeviceView(index=0, size_bytes=device.size_bytes))
+        assert layout == DcLayout.of_config(config.cxl_devices[0]) == DcLayout(1, 256 * MiB, GiB)
+        _, out, _ = guest.run(["python3", "-c", _DSMAS_SCRIPT, device.memdev], check=True)
+        dsmas = [tuple(int(x) for x in line.split()) for line in out.decode().splitlines()]
+        assert dsmas == [(0, 0, device.size_bytes),
+                         (DSMAS_DYNAMIC_CAPACITY, device.size_bytes, dynamic.region_bytes)]
+        ram = f"/sys/bus/cxl/devices/{device.memdev}/ram/size"
+        assert int(guest.run(["cat", ram], check=True)[1], 0) == device.size_bytes
+        _enable_cxl_tracing(platform)
+        interrupts, log_lines = _device_interrupts(guest, device.memdev), _cxl_log_lines(guest)
+        assert DC_LOG_VECTOR not in interrupts and len(interrupts) == 5  # four event logs, mailbox
+
+        assert inject(platform, DcAdd(extents=_extents((0, 2), (4, 4)))).kind == "dc-add"
+        pending = "release extent with pending DPA range; the host has not accepted"
+        with pytest.raises(ConfigError, match=pending):
+            inject(platform, DcRelease(extents=_extents((4, 4))))
+
+        dpa = 0x24000
+        inject(platform, GeneralMediaEvent(dpa=dpa))
+        _wait_for_trace(platform, rf"cxl_general_media: .* dpa={dpa:x} ")
+        _, trace, _ = guest.run(["cat", f"{TRACE}/trace"], check=True)
+        events = [line for line in trace.decode().splitlines() if not line.startswith("#")]
+        assert len(events) == 1 and "cxl_general_media" in events[0], events
+        after = _device_interrupts(guest, device.memdev)
+        assert {v: after[v] - interrupts[v] for v in after} == {2: 0, 3: 0, 4: 1, 5: 0, 7: 0}
+        assert _cxl_log_lines(guest) == log_lines
+        assert int(guest.run(["cat", ram], check=True)[1], 0) == device.size_bytes
 
 
 @pytest.mark.guest
