@@ -19,9 +19,10 @@ log = logging.getLogger(__name__)
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     run = subparsers.add_parser(
-        "run", help="run an experiment (designs x workloads, firmware attached live); resumable",
-        description="Boot the experiment's platform once, run every point not yet in --out "
-        "(an interrupted run resumes), then write results.csv, results.json, report.md and plots.",
+        "run", help="run an experiment (designs x workloads live, or x traces replayed); resumable",
+        description="Replay the experiment's traces, boot its platform once for the live workloads, "
+        "run every point not yet in --out (an interrupted run resumes), then write results.csv, "
+        "results.json, report.md and plots (docs/experiments.md).",
     )
     run.add_argument("experiment", type=Path, help="experiment YAML (see experiments/demo.yaml)")
     run.add_argument("--out", type=Path, help="results directory (default: results/NAME)")
@@ -47,8 +48,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_experiment(experiment: Experiment, out: Path | None) -> int:
     out_dir = out or Path("results") / experiment.name
     points = experiment.points()
-    print(f"== experiment {experiment.name}: {len(experiment.designs)} designs x "
-          f"{len(points) // len(experiment.designs)} workload cases = {len(points)} points, "
+    replay = sum(1 for p in points if p.trace is not None)
+    cases = len({p.case for p in points})
+    print(f"== experiment {experiment.name}: {len(experiment.designs)} designs x {cases} cases "
+          f"= {len(points)} points ({len(points) - replay} live runs, {replay} replays without a guest), "
           f"results in {out_dir}/ (modelled time; an interrupted run resumes)")
     rows = ExperimentRunner(experiment, out_dir).run()
     written = write_results(experiment, rows, out_dir)
@@ -56,10 +59,14 @@ def run_experiment(experiment: Experiment, out: Path | None) -> int:
         print(f"   {line}")
     print(f"== report: {out_dir / 'report.md'}")
     print("== plots: " + ", ".join(str(p) for p in written["plots"] if p.suffix == ".png"))
+    status = 0
     if written["failed"]:
         print(f"== SELF-CHECK FAILED: {', '.join(written['failed'])}")
-        return 1
-    return 0
+        status = 1
+    if written["injection_problems"]:
+        print(f"== QMP INJECTIONS NOT SENT OR NOT SEEN: {', '.join(written['injection_problems'])}")
+        status = 1
+    return status
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""Experiment definitions: designs x workloads (x parameter sweeps), from YAML.
+"""Experiment definitions: designs x workloads (x parameter sweeps, x repetitions), from YAML.
 
 Example (``experiments/demo.yaml``)::
 
@@ -7,22 +7,37 @@ Example (``experiments/demo.yaml``)::
     designs: [base-cssd, skybyte-full, dram-only]
     baseline: base-cssd            # speedups are over this design
     ideal: dram-only               # "fraction of ideal" is against this one
-    workloads:
+    repeat: 1                      # live points run this many times (mean and spread reported)
+    workloads:                     # live: a guest command under each design
       - name: chase
         command: [chase, --bytes, "{footprint}", --warm, "1"]
-        sweep: {footprint: [16M, 32M]}   # one point per value (a product over keys)
+        sweep: {footprint: [16M, 32M]}   # one case per value (a product over keys)
+        repeat: 3                  # this workload's repetitions (overrides the experiment's)
       - name: kvstore-a
         command: [kvstore, --footprint, 16M, --mix, a]
-        inject:                    # a scenario: firmware knobs at modelled times
+        inject:                    # a scenario: firmware knobs at modelled times,
           - {at_ms: 5, kind: latency-spike, extra_ns: 2000, duration_ms: 10}
+          - {after_s: 1, kind: poison, dpa: 0x200000}   # QMP injections by wall-clock (scenario.py)
+    traces:                        # replay: a recorded or synthesized trace, no guest
+      - name: zipf
+        synth: {pattern: zipf, requests: 200000, footprint_bytes: 64MiB}
+        sweep: {context_switch.threshold_ns: [2000, 20000]}   # dotted keys: profile keys
+      - name: recorded
+        path: runs/chase.trace     # relative to this file
     overrides: {}                  # profile overrides for every design (--set)
     notes: |                       # copied into report.md: what a reader must know
 
-Each point runs ``command`` in the guest under one design with the firmware
+A live point runs ``command`` in the guest under one design with the firmware
 attached (bound to the CXL node, or node 0 for a ``dram-only`` design); its
-modelled time is the sum of its ROIs. Every key is checked: unknown keys,
-unknown designs, a baseline or ideal that is not among the designs, a
-placeholder without a sweep value are :class:`ConfigError` before anything runs.
+modelled time is the sum of its ROIs. A replay point replays a trace under one
+design with the replay driver (its ROIs if the trace has markers, else the
+modelled end of its last request). A sweep key with a dot is a profile key
+(every case sets it, like an override), one without is a ``{placeholder}`` of
+the command. Everything is checked before anything runs: unknown keys, unknown
+designs, bad overrides, a baseline or ideal that is not among the designs, a
+placeholder without a sweep value, a missing or corrupt trace, an injection
+that does not fit the platform's device are :class:`ConfigError` (or
+:class:`InputError` for files).
 """
 
 from __future__ import annotations
@@ -35,37 +50,65 @@ from pathlib import Path
 from typing import Any
 
 from cxlssd.errors import ConfigError, InputError
-from cxlssd.firmware.knobs import FirmwareKnob, knob_from_dict
-from cxlssd.firmware.profile import load_profile
-from cxlssd.platform.config import CONFIG_DIR
+from cxlssd.experiments.scenario import QMP_KINDS, QmpEvent, check_events, qmp_event_from_dict
+from cxlssd.firmware.knobs import KNOBS, FirmwareKnob, knob_from_dict
+from cxlssd.firmware.profile import load_profile, parse_size
+from cxlssd.firmware.synth import SynthSpec
+from cxlssd.firmware.trace import TraceReader
+from cxlssd.platform.config import CONFIG_DIR, load_config
+from cxlssd.platform.inject import DcLayout, DeviceView
 from cxlssd.yamlfile import read_yaml
 
 EXPERIMENT_DIR = Path(__file__).resolve().parent
 DEMO_FILE = EXPERIMENT_DIR / "demo.yaml"
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MAX_REPEAT = 100
+TRACE_DIR = "traces"  # synthesized traces go here, in the results directory
+
+
+@dataclass(frozen=True)
+class TraceSource:
+    """A replay workload's request stream: a trace file, or a synthetic one the
+    runner writes into the results directory (``traces/NAME.trace``)."""
+
+    name: str
+    path: Path | None = None
+    synth: SynthSpec | None = None
+
+    def file(self, out_dir: Path) -> Path:
+        return self.path if self.path is not None else out_dir / TRACE_DIR / f"{self.name}.trace"
 
 
 @dataclass(frozen=True)
 class Point:
-    """One run: a workload (with its sweep values) under one design."""
+    """One run: a workload case (its sweep values) under one design, one repetition."""
 
     workload: str
     design: str
     params: dict[str, str]
     command: tuple[str, ...]
     inject: tuple[tuple[float, FirmwareKnob], ...] = ()
-
-    @property
-    def key(self) -> str:
-        """Unique within an experiment; names the point in results (and for resuming)."""
-        values = ",".join(f"{k}={v}" for k, v in sorted(self.params.items()))
-        return f"{self.workload}[{values}]@{self.design}" if values else f"{self.workload}@{self.design}"
+    qmp: tuple[QmpEvent, ...] = ()
+    overrides: tuple[str, ...] = ()  # KEY=VALUE profile keys of the case's sweep
+    trace: TraceSource | None = None  # a replay point
+    rep: int = 1
 
     @property
     def case(self) -> str:
-        """The workload point without the design: what designs are compared on."""
-        return self.key.rsplit("@", 1)[0]
+        """The workload case without the design: what designs are compared on."""
+        values = ",".join(f"{k}={v}" for k, v in sorted(self.params.items()))
+        return f"{self.workload}[{values}]" if values else self.workload
+
+    @property
+    def key(self) -> str:
+        """Unique within an experiment; names the point in results (and for resuming).
+        Repetitions after the first carry ``#N``."""
+        return f"{self.case}@{self.design}" + (f"#{self.rep}" if self.rep > 1 else "")
+
+    @property
+    def takes_down_cxl(self) -> bool:
+        return any(event.takes_down_cxl for event in self.qmp)
 
 
 def _substitute(arg: str, params: dict[str, str]) -> str:
@@ -74,19 +117,27 @@ def _substitute(arg: str, params: dict[str, str]) -> str:
 
 @dataclass(frozen=True)
 class Workload:
+    """A live workload (``command``) or a replay one (``trace``)."""
+
     name: str
-    command: tuple[str, ...]
+    command: tuple[str, ...] = ()
+    # placeholder or dotted profile key -> values (one case per combination)
     sweep: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # (at_ms, knob): applied that long in modelled time after the point's first request
     inject: tuple[tuple[float, FirmwareKnob], ...] = ()
+    qmp: tuple[QmpEvent, ...] = ()
+    repeat: int | None = None  # None: the experiment's
+    trace: TraceSource | None = None
 
-    def cases(self) -> list[tuple[dict[str, str], tuple[str, ...]]]:
-        """(params, command) for each combination of the sweep values."""
+    def cases(self) -> list[tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]]:
+        """(params, command, profile overrides) for each combination of the sweep values."""
         keys = sorted(self.sweep)
         out = []
         for values in itertools.product(*(self.sweep[k] for k in keys)):
             params = dict(zip(keys, values, strict=True))
-            out.append((params, tuple(_substitute(arg, params) for arg in self.command)))
+            command = tuple(_substitute(arg, params) for arg in self.command)
+            overrides = tuple(f"{k}={v}" for k, v in params.items() if "." in k)
+            out.append((params, command, overrides))
         return out
 
 
@@ -95,21 +146,33 @@ class Experiment:
     name: str
     platform: Path
     designs: tuple[str, ...]
-    workloads: tuple[Workload, ...]
+    workloads: tuple[Workload, ...]  # live ones, then replay ones (``traces:``)
     baseline: str
     ideal: str | None
     overrides: dict[str, Any]
     source: str
     notes: str = ""  # copied into the report: what the reader must know to read the results
+    repeat: int = 1  # repetitions of every live point (a workload may say otherwise)
 
     def points(self) -> list[Point]:
-        """Every point, workload-major (all designs of a case run back to back)."""
+        """Every point, workload-major: all designs of a case back to back, repetition
+        after repetition (so slow drift of the host affects every design alike)."""
         return [
-            Point(w.name, design, params, command, w.inject)
+            Point(w.name, design, params, command, w.inject, w.qmp, overrides, w.trace, rep)
             for w in self.workloads
-            for params, command in w.cases()
+            for params, command, overrides in w.cases()
+            for rep in range(1, self.repetitions(w) + 1)
             for design in self.designs
         ]
+
+    def repetitions(self, workload: Workload) -> int:
+        if workload.trace is not None:
+            return 1  # a replay is exactly repeatable
+        return workload.repeat if workload.repeat is not None else self.repeat
+
+    def profile_overrides(self, point: Point) -> list[str]:
+        """KEY=VALUE overrides of ``point``'s design: the experiment's, then its case's."""
+        return [*(f"{k}={v}" for k, v in self.overrides.items()), *point.overrides]
 
 
 def _check_keys(raw: dict[str, Any], allowed: set[str], where: str) -> None:
@@ -126,44 +189,128 @@ def _strings(value: object, where: str) -> tuple[str, ...]:
     return tuple(str(v) for v in value)
 
 
+def _name(name: object, where: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ConfigError(f"{where}: name {name!r} must be 1-64 letters, digits, '.', '-' or '_'")
+    return name
+
+
+def _repeat(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_REPEAT:
+        raise ConfigError(f"{where}: repeat must be a whole number of runs, 1..{MAX_REPEAT}, got {value!r}")
+    return value
+
+
+def _sweep(raw: object, where: str) -> dict[str, tuple[str, ...]]:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping of placeholder or profile key to a list of values")
+    return {str(k): _strings(v, f"{where}.{k}") for k, v in raw.items()}
+
+
 def _workload(raw: object, where: str) -> Workload:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping with name and command")
-    _check_keys(raw, {"name", "command", "sweep", "inject"}, where)
-    name = raw.get("name")
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ConfigError(f"{where}: name {name!r} must be 1-64 letters, digits, '.', '-' or '_'")
+    _check_keys(raw, {"name", "command", "sweep", "inject", "repeat"}, where)
+    name = _name(raw.get("name"), where)
     command = _strings(raw.get("command"), f"{where}.command")
-    sweep_raw = raw.get("sweep") or {}
-    if not isinstance(sweep_raw, dict):
-        raise ConfigError(f"{where}.sweep: expected a mapping of placeholder to a list of values")
-    sweep = {str(k): _strings(v, f"{where}.sweep.{k}") for k, v in sweep_raw.items()}
+    sweep = _sweep(raw.get("sweep") or {}, f"{where}.sweep")
+    placeholders = {k for k in sweep if "." not in k}
     used = {m for arg in command for m in _PLACEHOLDER.findall(arg)}
-    if used - set(sweep):
-        missing = sorted(used - set(sweep))[0]
+    if used - placeholders:
+        missing = sorted(used - placeholders)[0]
         raise ConfigError(f"{where}.command uses {{{missing}}} but sweep gives it no values")
-    if set(sweep) - used:
-        raise ConfigError(f"{where}.sweep: {sorted(set(sweep) - used)[0]} is not used in the command")
-    return Workload(name, command, sweep, _scenario(raw.get("inject") or [], f"{where}.inject"))
+    if placeholders - used:
+        raise ConfigError(f"{where}.sweep: {sorted(placeholders - used)[0]} is not used in the command "
+                          "(a profile key has a dot, e.g. cache.ways)")
+    knobs, qmp = _scenario(raw.get("inject") or [], f"{where}.inject")
+    repeat = _repeat(raw["repeat"], f"{where}") if "repeat" in raw else None
+    return Workload(name, command, sweep, knobs, qmp, repeat)
 
 
-def _scenario(raw: object, where: str) -> tuple[tuple[float, FirmwareKnob], ...]:
-    """Firmware knobs at modelled times (docs/inject.md): [{at_ms, kind, ...}, ...]."""
+_SYNTH_SIZES = ("footprint_bytes", "hot_bytes")
+
+
+def _synth(raw: object, where: str) -> SynthSpec:
+    """A SynthSpec from its YAML mapping (the ``./cxlssd trace synth`` parameters)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping such as {{pattern: zipf, requests: 200000, "
+                          "footprint_bytes: 64MiB}")
+    known = set(SynthSpec.__dataclass_fields__)
+    _check_keys(raw, known, where)
+    values: dict[str, Any] = {k: parse_size(v, f"{where}.{k}") if k in _SYNTH_SIZES else v
+                              for k, v in raw.items()}
+    defaults = SynthSpec()
+    for key, value in values.items():
+        default = getattr(defaults, key)
+        wanted = str if isinstance(default, str) else int | float if isinstance(default, float) else int
+        if isinstance(value, bool) or not isinstance(value, wanted):
+            raise ConfigError(f"{where}.{key}: expected a value like {default!r}, got {value!r}")
+    spec = SynthSpec(**values)
+    try:
+        spec.check()
+    except ConfigError as error:
+        raise ConfigError(f"{where}: {error}") from None
+    return spec
+
+
+def _trace(raw: object, where: str, base: Path) -> Workload:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping with name and path or synth")
+    if "repeat" in raw:
+        raise ConfigError(f"{where}: repeat is for live workloads: a replay gives the same answer "
+                          "every time (sweep profile keys or designs instead)")
+    _check_keys(raw, {"name", "path", "synth", "sweep"}, where)
+    name = _name(raw.get("name"), where)
+    if ("path" in raw) == ("synth" in raw):
+        raise ConfigError(f"{where}: give either path (a trace file, from --record or ./cxlssd trace synth) "
+                          "or synth (a synthetic trace the runner writes)")
+    sweep = _sweep(raw.get("sweep") or {}, f"{where}.sweep")
+    if any("." not in k for k in sweep):
+        bad = next(k for k in sweep if "." not in k)
+        raise ConfigError(f"{where}.sweep: {bad!r} is not a profile key (a replay has no command, "
+                          "so it sweeps profile keys such as context_switch.threshold_ns)")
+    if "synth" in raw:
+        synth = _synth(raw["synth"], f"{where}.synth")
+        return Workload(name, sweep=sweep, trace=TraceSource(name, synth=synth))
+    path = raw["path"]
+    if not isinstance(path, str):
+        raise ConfigError(f"{where}.path: expected a file name, got {path!r}")
+    resolved = Path(path) if Path(path).is_absolute() else base / path
+    if not resolved.is_file():
+        raise InputError(f"{where}: trace {resolved} does not exist; record one (./cxlssd guest exec "
+                         "--design D --record FILE -- CMD), write one (./cxlssd trace synth) or use synth:")
+    TraceReader(resolved)  # a corrupt or foreign file fails now, not after the other points
+    return Workload(name, sweep=sweep, trace=TraceSource(name, path=resolved))
+
+
+def _scenario(raw: object, where: str) -> tuple[tuple[tuple[float, FirmwareKnob], ...], tuple[QmpEvent, ...]]:
+    """Firmware knobs at modelled times ([{at_ms, kind, ...}], docs/inject.md) and QMP
+    injections timed by the workload ([{after_s | at, kind, ...}], scenario.py)."""
     if not isinstance(raw, list):
-        raise ConfigError(f"{where}: expected a list of {{at_ms: T, kind: KNOB, ...}}")
-    events = []
+        raise ConfigError(f"{where}: expected a list of {{at_ms: T, kind: KNOB, ...}} or "
+                          "{after_s: S, kind: QMP-KIND, ...}")
+    knobs, qmp = [], []
     for i, entry in enumerate(raw):
-        if not isinstance(entry, dict) or "at_ms" not in entry:
-            raise ConfigError(f"{where}[{i}]: needs at_ms (modelled ms after the first request) and a kind")
+        here = f"{where}[{i}]"
+        kind = entry.get("kind") if isinstance(entry, dict) else None
+        if isinstance(entry, dict) and kind in QMP_KINDS:
+            qmp.append(qmp_event_from_dict(entry, here))
+            continue
+        if not isinstance(entry, dict) or kind not in KNOBS:
+            raise ConfigError(f"{here}: kind {kind!r} is not a firmware knob ({', '.join(KNOBS)}; timed by "
+                              f"at_ms) or a QMP injection ({', '.join(QMP_KINDS)}; timed by after_s or at)")
+        if "at_ms" not in entry:
+            raise ConfigError(f"{here}: {kind} is a firmware knob: it needs at_ms (modelled ms after "
+                              "the first request)")
         at_ms = entry["at_ms"]
         if isinstance(at_ms, bool) or not isinstance(at_ms, int | float) or not 0 <= at_ms <= 3_600_000:
-            raise ConfigError(f"{where}[{i}].at_ms: expected 0..3600000 ms, got {at_ms!r}")
+            raise ConfigError(f"{here}.at_ms: expected 0..3600000 ms, got {at_ms!r}")
         try:
             knob = knob_from_dict({k: v for k, v in entry.items() if k != "at_ms"})
         except InputError as error:
-            raise ConfigError(f"{where}[{i}]: {error}") from None
-        events.append((float(at_ms), knob))
-    return tuple(events)
+            raise ConfigError(f"{here}: {error}") from None
+        knobs.append((float(at_ms), knob))
+    return tuple(knobs), tuple(qmp)
 
 
 def _platform_path(value: object, base: Path, where: str) -> Path:
@@ -175,17 +322,23 @@ def _platform_path(value: object, base: Path, where: str) -> Path:
     raise ConfigError(f"{where}: no platform config {value!r} (in {CONFIG_DIR} or as a path)")
 
 
+def _entries(raw: dict[str, Any], key: str, source: str) -> list[Any]:
+    entries = raw.get(key) or []
+    if not isinstance(entries, list):
+        raise ConfigError(f"{source}: {key} must be a list")
+    return entries
+
+
 def experiment_from_dict(raw: object, source: str, base: Path = EXPERIMENT_DIR) -> Experiment:
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: an experiment is a mapping (name, designs, workloads, ...)")
-    keys = {"name", "platform", "designs", "workloads", "baseline", "ideal", "overrides", "notes"}
+    keys = {"name", "platform", "designs", "workloads", "traces", "baseline", "ideal", "overrides", "notes",
+            "repeat"}
     _check_keys(raw, keys, source)
     notes = raw.get("notes", "")
     if not isinstance(notes, str):
         raise ConfigError(f"{source}: notes must be text (it goes into the report)")
-    name = raw.get("name", Path(source).stem)
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ConfigError(f"{source}: name {name!r} must be 1-64 letters, digits, '.', '-' or '_'")
+    name = _name(raw.get("name", Path(source).stem), source)
     designs = _strings(raw.get("designs"), f"{source}: designs")
     if len(set(designs)) != len(designs):
         raise ConfigError(f"{source}: designs lists a design twice")
@@ -194,12 +347,15 @@ def experiment_from_dict(raw: object, source: str, base: Path = EXPERIMENT_DIR) 
         raise ConfigError(f"{source}: overrides must be a mapping of profile keys to values")
     for design in designs:
         load_profile(design, overrides)  # unknown designs and bad overrides fail now
-    workloads_raw = raw.get("workloads")
-    if not isinstance(workloads_raw, list) or not workloads_raw:
-        raise ConfigError(f"{source}: workloads must be a non-empty list")
-    workloads = tuple(_workload(w, f"{source}: workloads[{i}]") for i, w in enumerate(workloads_raw))
+    live = [_workload(w, f"{source}: workloads[{i}]")
+            for i, w in enumerate(_entries(raw, "workloads", source))]
+    replay = [_trace(t, f"{source}: traces[{i}]", base)
+              for i, t in enumerate(_entries(raw, "traces", source))]
+    workloads = (*live, *replay)
+    if not workloads:
+        raise ConfigError(f"{source}: workloads (live) or traces (replay) must be a non-empty list")
     if len({w.name for w in workloads}) != len(workloads):
-        raise ConfigError(f"{source}: two workloads have the same name")
+        raise ConfigError(f"{source}: two workloads or traces have the same name")
     baseline = raw.get("baseline", designs[0])
     ideal = raw.get("ideal", "dram-only" if "dram-only" in designs else None)
     role: str
@@ -207,9 +363,14 @@ def experiment_from_dict(raw: object, source: str, base: Path = EXPERIMENT_DIR) 
     for role, design_name in (("baseline", baseline), ("ideal", ideal)):
         if design_name is not None and design_name not in designs:
             raise ConfigError(f"{source}: {role} {design_name!r} is not one of the designs {list(designs)}")
-    return Experiment(
+    platform = _platform_path(raw.get("platform", "default"), base, source)
+    devices = [DeviceView(index=i, size_bytes=d.size_bytes, dynamic_capacity=DcLayout.of_config(d))
+               for i, d in enumerate(load_config(platform).cxl_devices)]
+    for i, workload in enumerate(live):
+        check_events(workload.qmp, devices, f"{source}: workloads[{i}].inject")
+    experiment = Experiment(
         name=name,
-        platform=_platform_path(raw.get("platform", "default"), base, source),
+        platform=platform,
         designs=designs,
         workloads=workloads,
         baseline=str(baseline),
@@ -217,7 +378,16 @@ def experiment_from_dict(raw: object, source: str, base: Path = EXPERIMENT_DIR) 
         overrides=dict(overrides),
         source=source,
         notes=notes,
+        repeat=_repeat(raw["repeat"], source) if "repeat" in raw else 1,
     )
+    # A swept profile key must suit every design: checked for each case now.
+    for point in {(p.design, p.overrides): p for p in experiment.points() if p.overrides}.values():
+        try:
+            load_profile(point.design, experiment.profile_overrides(point))
+        except ConfigError as error:
+            raise ConfigError(f"{source}: sweep {', '.join(point.overrides)} under {point.design}: "
+                              f"{error}") from None
+    return experiment
 
 
 def load_experiment(path: Path) -> Experiment:

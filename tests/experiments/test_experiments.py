@@ -7,16 +7,26 @@ from __future__ import annotations
 import csv
 import json
 import re
+import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import numpy as np
 import pytest
 import yaml
 
-from cxlssd.errors import ConfigError
+from cxlssd.errors import ConfigError, InputError
+from cxlssd.experiments.observe import enable_cxl_tracing, trace_fields, trigger_poison_list, wait_for_trace
 from cxlssd.experiments.report import derive, summary, write_results
 from cxlssd.experiments.runner import POINTS_FILE, ExperimentRunner, load_points
 from cxlssd.experiments.spec import DEMO_FILE, experiment_from_dict, load_experiment
+from cxlssd.firmware.profile import load_profile
+from cxlssd.firmware.replay import replay_file
+from cxlssd.firmware.request import REQUEST_DTYPE, Op
+from cxlssd.firmware.stream import CMD_ROI_BEGIN, CMD_ROI_END
+from cxlssd.firmware.synth import SynthSpec, synthesize
+from cxlssd.firmware.trace import TraceReader, TraceWriter
+from cxlssd.platform.inject import Poison, Uncorrectable, UncorrectableError
 from cxlssd.platform.machine import Platform
 
 BASE = {
@@ -137,3 +147,321 @@ def test_a_small_experiment_runs_live_and_resumes(default_platform: Platform, tm
     assert ExperimentRunner(experiment, out, platform=None).pending() == []
     written = write_results(experiment, ExperimentRunner(experiment, out).run(), out)
     assert written["table"][1]["fraction_of_ideal"] == 1.0 and (out / "speedup.png").stat().st_size > 0
+
+
+# -- replay sweeps, repetitions, QMP scenarios: definitions (no VM) ---------------------
+
+SYNTH = {"pattern": "zipf", "requests": 4000, "footprint_bytes": "8MiB", "seed": 3}
+
+
+def _write_trace(path: Path, spec: SynthSpec, markers: bool = False) -> None:
+    """A trace file; with ``markers``, ROI 7 wraps all but the first and last 100 requests."""
+    records = synthesize(spec)
+    if markers:
+        begin, end = np.zeros(2, dtype=REQUEST_DTYPE), None
+        begin["op"], begin["addr"] = Op.MARKER, 7
+        begin["flags"] = [CMD_ROI_BEGIN, CMD_ROI_END]
+        begin["time_ns"] = [records["time_ns"][100], records["time_ns"][-100]]
+        end = begin[1:]
+        records = np.concatenate([records[:100], begin[:1], records[100:-100], end, records[-100:]])
+    with TraceWriter(path, spec.metadata()) as writer:
+        writer.write(records)
+
+
+def test_traces_sweep_profile_keys_and_repeat_applies_to_live_points_only(tmp_path: Path) -> None:
+    _write_trace(tmp_path / "rec.trace", SynthSpec(requests=100, footprint_bytes=1 << 20))
+    experiment = experiment_from_dict({
+        **BASE, "repeat": 2,
+        "workloads": [
+            {"name": "chase", "command": ["chase", "--bytes", "{size}"],
+             "sweep": {"size": ["1M"], "cache.ways": [4, 8]}, "repeat": 3},
+            {"name": "kv", "command": ["kvstore"]},
+        ],
+        "traces": [
+            {"name": "z", "synth": SYNTH, "sweep": {"context_switch.threshold_ns": [2000, 80000]}},
+            {"name": "rec", "path": "rec.trace"},
+        ],
+    }, "t.yaml", tmp_path)
+    points = experiment.points()
+    by_workload = {name: [p for p in points if p.workload == name] for name in ("chase", "kv", "z", "rec")}
+    # chase: 2 cases x 3 runs x 3 designs; kv: the experiment's 2 runs; traces: once each
+    assert [len(v) for v in by_workload.values()] == [18, 6, 6, 3]
+    chase = by_workload["chase"]
+    assert chase[0].key == "chase[cache.ways=4,size=1M]@base-cssd"
+    assert chase[3].key == "chase[cache.ways=4,size=1M]@base-cssd#2" and chase[3].rep == 2
+    assert chase[0].command == ("chase", "--bytes", "1M") and chase[0].overrides == ("cache.ways=4",)
+    assert experiment.profile_overrides(chase[0]) == ["cache.ways=4"]
+    z = by_workload["z"][0]
+    assert z.trace is not None and z.trace.synth == SynthSpec(pattern="zipf", requests=4000,
+                                                               footprint_bytes=8 << 20, seed=3)
+    assert z.trace.file(tmp_path) == tmp_path / "traces" / "z.trace"
+    assert by_workload["rec"][0].trace.path == tmp_path / "rec.trace"  # type: ignore[union-attr]
+    shipped = load_experiment(DEMO_FILE.with_name("replay-sweep.yaml"))
+    assert shipped.points() and all(p.trace is not None and p.trace.synth for p in shipped.points())
+
+
+def test_scenario_entries_become_knobs_and_qmp_injections() -> None:
+    workload = {"name": "x", "command": ["chase"], "inject": [
+        {"at_ms": 1, "kind": "link-latency", "extra_ns": 100},
+        {"at": "start", "kind": "poison", "dpa": 0x1000, "length": 128},
+        {"after_s": 1.5, "kind": "general-media", "dpa": 0x2000, "event_type": "invalid-address"},
+        {"at": "end", "kind": "dram", "dpa": 0x3000, "correction_mask": [1, 2]},
+        {"at": "end", "kind": "uncorrectable", "errors": ["internal", {"error_type": "mem-data-ecc",
+                                                                       "header": [1, 2]}]},
+        {"at": "end", "kind": "correctable", "error_type": "physical"},
+        {"at": "end", "kind": "memory-module", "temperature": 90},
+    ]}
+    point = experiment_from_dict({**BASE, "workloads": [workload]}, "t.yaml").points()[0]
+    assert [(at, knob.kind) for at, knob in point.inject] == [(1.0, "link-latency")]
+    assert [(e.injection.kind, e.when) for e in point.qmp] == [
+        ("poison", "at start"), ("general-media", "after 1.5 s"), ("dram", "at end"),
+        ("uncorrectable", "at end"), ("correctable", "at end"), ("memory-module", "at end"),
+    ]
+    assert point.qmp[0].injection == Poison(dpa=0x1000, length=128)
+    assert point.qmp[3].injection == Uncorrectable(errors=(
+        UncorrectableError(error_type="internal"),
+        UncorrectableError(error_type="mem-data-ecc", header=(1, 2)),
+    ))
+    assert point.takes_down_cxl and not any(e.takes_down_cxl for e in point.qmp[:3])
+    shipped = load_experiment(DEMO_FILE.with_name("scenario-poison.yaml")).points()[0]
+    assert {e.injection.kind for e in shipped.qmp} >= {"poison", "general-media"}
+
+
+def _with_inject(*entries: dict[str, Any]) -> dict[str, Any]:
+    return {"workloads": [{"name": "x", "command": ["chase"], "inject": list(entries)}]}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (_with_inject({"at_ms": 5, "kind": "poison", "dpa": 0}), "not on the modelled clock"),
+        (_with_inject({"after_s": 1, "kind": "link-latency"}), "a firmware knob: it needs at_ms"),
+        (_with_inject({"kind": "poison", "dpa": 0}), "needs one of after_s"),
+        (_with_inject({"at": "middle", "kind": "poison", "dpa": 0}), "expected start or end"),
+        (_with_inject({"after_s": -1, "kind": "poison", "dpa": 0}), "after_s: expected 0..3600"),
+        (_with_inject({"at": "end", "kind": "poison"}), "poison needs dpa"),
+        (_with_inject({"at": "end", "kind": "poison", "dpa": 0, "lenght": 64}), "did you mean 'length'"),
+        (_with_inject({"at": "end", "kind": "poison", "dpa": 0x1001}), "not 64-byte aligned"),
+        (_with_inject({"at": "end", "kind": "poison", "dpa": 0x40000000}), "outside device 0"),
+        (_with_inject({"at": "end", "kind": "dram", "dpa": 0, "device": 1}), "set device: to"),
+        (_with_inject({"at": "end", "kind": "correctable", "error_type": "mem-data"}), "mean mem-data-ecc"),
+        (_with_inject({"at": "end", "kind": "uncorrectable", "errors": [7]}), "error is a type"),
+        (_with_inject({"at": "start", "kind": "poison", "dpa": 0, "length": 128},
+                      {"at": "end", "kind": "poison", "dpa": 64}), "overlaps poison"),
+        ({"repeat": 0}, "repeat must be a whole number"),
+        ({"workloads": [{"name": "x", "command": ["chase"], "repeat": "3"}]}, "repeat must be"),
+        ({"workloads": [{"name": "x", "command": ["chase"], "sweep": {"cache.wayz": [4]}}]}, "cache.wayz"),
+        ({"workloads": [{"name": "x", "command": ["chase"], "sweep": {"cache.ways": ["many"]}}]},
+         "sweep cache.ways=many under base-cssd"),
+        ({"workloads": [], "traces": [{"name": "z", "synth": SYNTH, "repeat": 2}]}, "same answer every time"),
+        ({"workloads": [], "traces": [{"name": "z", "synth": SYNTH, "sweep": {"size": [1]}}]},
+         "'size' is not a profile key"),
+        ({"workloads": [], "traces": [{"name": "z"}]}, "either path"),
+        ({"traces": [{"name": "z", "synth": {**SYNTH, "pattern": "zipfy"}}]}, "unknown pattern"),
+        ({"workloads": [], "traces": [{"name": "z", "synth": {**SYNTH, "requests": "many"}}]},
+         "requests: expected a value like"),
+        ({"traces": [{"name": "z", "synth": {**SYNTH, "theta": 1}}]}, "did you mean 'zipf_theta'"),
+        ({"traces": [{"name": "chase", "synth": SYNTH}]}, "same name"),
+        ({"workloads": []}, "workloads (live) or traces (replay)"),
+    ],
+)
+def test_bad_traces_repeats_and_scenarios_are_clear_errors(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        experiment_from_dict({**BASE, **change}, "t.yaml")
+
+
+def test_missing_or_corrupt_traces_fail_before_anything_runs(tmp_path: Path) -> None:
+    definition = {**BASE, "workloads": [], "traces": [{"name": "r", "path": "nowhere.trace"}]}
+    with pytest.raises(InputError, match=r"trace .*nowhere.trace does not exist; record one"):
+        experiment_from_dict(definition, "t.yaml", tmp_path)
+    (tmp_path / "nowhere.trace").write_bytes(b"not a trace at all, but long enough for a header....")
+    with pytest.raises(InputError, match="is not a cxlssd trace"):
+        experiment_from_dict(definition, "t.yaml", tmp_path)
+    with pytest.raises(ConfigError, match="no-such"):
+        experiment_from_dict({**definition, "designs": ["no-such"]}, "t.yaml", tmp_path)
+
+
+def test_an_uncorrectable_injection_needs_a_platform_the_runner_can_reboot(tmp_path: Path) -> None:
+    experiment = experiment_from_dict({**BASE, **_with_inject(
+        {"at": "end", "kind": "uncorrectable", "errors": ["internal"]})}, "t.yaml")
+    given = cast(Platform, object())  # never used: the runner refuses before it starts anything
+    with pytest.raises(ConfigError, match="not one it was given"):
+        ExperimentRunner(experiment, tmp_path, given).run()
+    assert not (tmp_path / POINTS_FILE).exists()
+
+
+# -- report: repetitions aggregated ----------------------------------------------------
+
+
+def test_repetitions_are_aggregated_with_their_spread(tmp_path: Path) -> None:
+    definition = {**BASE, "repeat": 3, "workloads": [{"name": "chase", "command": ["c"]}]}
+    experiment = experiment_from_dict(definition, "t.yaml")
+    times = {"base-cssd": [9000, 10000, 11000], "skybyte-full": [2000] * 3, "dram-only": [1000] * 3}
+    rows = {}
+    for point in experiment.points():
+        ns = times[point.design][point.rep - 1]
+        rows[point.key] = {**_row(point.key, point.design, ns, 10 * point.rep), "rep": point.rep}
+    table = {r["design"]: r for r in derive(experiment, rows)}
+    base, full = table["base-cssd"], table["skybyte-full"]
+    assert base["runs"] == 3 and base["modelled_ms"] == pytest.approx(0.010)
+    assert base["modelled_ms_stdev"] == pytest.approx(statistics.stdev([0.009, 0.010, 0.011]))
+    assert (base["modelled_ms_min"], base["modelled_ms_max"]) == (0.009, 0.011)
+    assert base["flash_reads"] == 20  # the mean of 10, 20, 30
+    assert full["speedup"] == pytest.approx(5.0)  # of the means
+    assert full["speedup_stdev"] == pytest.approx(5.0 * 0.001 / 0.010)  # base's relative spread
+    assert full["fraction_of_ideal"] == pytest.approx(0.5) and full["fraction_of_ideal_stdev"] == 0.0
+    assert base["speedup"] == 1.0 and base["speedup_stdev"] is None  # the baseline against itself
+    written = write_results(experiment, rows, tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "| chase | base-cssd | 3 | 0.010 ± 0.001 | 1.00 | 10.0% ± 1.0% |" in report
+    assert "Largest spread: `chase` under `base-cssd`, 10.00% of the mean (0.009 to 0.011 ms)" in report
+    with open(tmp_path / "results.csv") as f:
+        csv_rows = list(csv.DictReader(f))
+    assert [r["runs"] for r in csv_rows] == ["3", "3", "3"] and csv_rows[0]["modelled_ms_min"] == "0.009"
+    assert {p.name for p in written["plots"]} >= {"modelled_ms.png", "speedup.svg"}
+
+
+# -- replay sweeps end to end (no VM) ----------------------------------------------------
+
+
+def test_a_replay_sweep_runs_every_trace_under_every_design_and_resumes(tmp_path: Path) -> None:
+    recorded = SynthSpec(requests=3000, footprint_bytes=4 << 20, seed=5)
+    _write_trace(tmp_path / "rec.trace", recorded, markers=True)
+    overrides = {"ssd_dram.size_bytes": "1MiB", "write_log.size_bytes": "128KiB"}
+    experiment = experiment_from_dict({
+        "name": "rs", "designs": ["base-cssd", "skybyte-c", "dram-only"], "overrides": overrides,
+        "traces": [
+            {"name": "z", "synth": SYNTH, "sweep": {"context_switch.threshold_ns": [2000, 80000]}},
+            {"name": "rec", "path": "rec.trace"},
+        ],
+    }, "rs.yaml", tmp_path)
+    out = tmp_path / "out"
+    rows = ExperimentRunner(experiment, out).run()  # no platform: nothing here boots a guest
+    assert len(rows) == 9 and all(r["check_ok"] and r["kind"] == "replay" for r in rows.values())
+    synthesized = out / "traces" / "z.trace"
+    assert TraceReader(synthesized).records == SYNTH["requests"]
+    # Each row is the replay driver's answer for that trace, design and swept key.
+    low = rows["z[context_switch.threshold_ns=2000]@skybyte-c"]
+    profile = load_profile("skybyte-c", {**overrides, "context_switch.threshold_ns": 2000})
+    direct = replay_file(synthesized, profile)
+    assert low["modelled_ns"] == direct["stalls"]["modelled_end_ns"] > 0
+    assert low["device"]["long_delays"] == direct["counters"]["model"]["long_delays"] > 0
+    high = rows["z[context_switch.threshold_ns=80000]@skybyte-c"]
+    assert high["device"]["long_delays"] < low["device"]["long_delays"]
+    assert high["modelled_ns"] > low["modelled_ns"]
+    base = [rows[f"z[context_switch.threshold_ns={t}]@base-cssd"]["modelled_ns"] for t in (2000, 80000)]
+    assert base[0] == base[1]  # base-cssd has no context switch: the threshold does not matter
+    # The recorded trace's ROI gives the point's time, as in a live run.
+    rec = rows["rec@base-cssd"]
+    roi = replay_file(tmp_path / "rec.trace", load_profile("base-cssd", overrides))["rois"][0]
+    assert rec["rois"] == 1 and rec["modelled_ns"] == roi["modelled_ns"] and rec["instructions"] is None
+    assert rec["device"]["requests"] == 2800  # the requests between the markers
+    # Resuming runs nothing and keeps the synthesized trace; the report has every case.
+    mtime = synthesized.stat().st_mtime_ns
+    assert ExperimentRunner(experiment, out).pending() == []
+    assert ExperimentRunner(experiment, out).run() == rows and synthesized.stat().st_mtime_ns == mtime
+    written = write_results(experiment, rows, out)
+    assert len(written["table"]) == 9 and not written["failed"] and not written["missing"]
+    report = (out / "report.md").read_text()
+    assert "## Replayed traces" in report and "| z[context_switch.threshold_ns=2000] | skybyte-c |" in report
+
+
+# -- live: repetitions and QMP scenarios on a real guest ----------------------------------
+
+SMALL_CHASE = ["chase", "--bytes", "4M", "--stride", "4096"]
+
+
+@pytest.mark.guest
+def test_repeated_live_points_report_mean_and_spread(default_platform: Platform, tmp_path: Path) -> None:
+    experiment = experiment_from_dict({
+        "name": "rep", "designs": ["base-cssd", "dram-only"], "repeat": 2,
+        "overrides": {"ssd_dram.size_bytes": "16MiB"},
+        "workloads": [{"name": "chase", "command": SMALL_CHASE}],
+    }, "rep.yaml")
+    out = tmp_path / "out"
+    rows = ExperimentRunner(experiment, out, default_platform).run()
+    assert set(rows) == {"chase@base-cssd", "chase@dram-only", "chase@base-cssd#2", "chase@dram-only#2"}
+    assert all(r["check_ok"] and r["modelled_ns"] > 0 for r in rows.values())
+    written = write_results(experiment, rows, out)
+    table = {r["design"]: r for r in written["table"]}
+    runs_ms = {d: [rows[f"chase@{d}"]["modelled_ns"] / 1e6, rows[f"chase@{d}#2"]["modelled_ns"] / 1e6]
+               for d in ("base-cssd", "dram-only")}
+    base = table["base-cssd"]
+    assert base["runs"] == 2 and base["modelled_ms"] == pytest.approx(statistics.fmean(runs_ms["base-cssd"]))
+    assert base["modelled_ms_stdev"] == pytest.approx(statistics.stdev(runs_ms["base-cssd"]))
+    assert (base["modelled_ms_min"], base["modelled_ms_max"]) == (min(runs_ms["base-cssd"]),
+                                                                  max(runs_ms["base-cssd"]))
+    means = {d: statistics.fmean(v) for d, v in runs_ms.items()}
+    assert table["dram-only"]["speedup"] == pytest.approx(means["base-cssd"] / means["dram-only"])
+    assert table["dram-only"]["speedup"] > 1 and table["dram-only"]["speedup_stdev"] is not None
+    report = (out / "report.md").read_text()
+    assert "| chase | base-cssd | 2 | " in report and " ± " in report and "Largest spread" in report
+    assert ExperimentRunner(experiment, out).pending() == []  # each repetition is a resumable point
+
+
+@pytest.mark.guest
+def test_a_qmp_scenario_injects_and_records_what_the_guest_showed(
+    default_platform: Platform, tmp_path: Path
+) -> None:
+    device = default_platform.devices[0]
+    dpa = 0x3C0000  # away from the poison other tests inject into the shared guest
+    experiment = experiment_from_dict({
+        "name": "qmp", "designs": ["base-cssd"], "overrides": {"ssd_dram.size_bytes": "16MiB"},
+        "workloads": [{"name": "chase", "command": SMALL_CHASE, "repeat": 2, "inject": [
+            {"at": "start", "kind": "poison", "dpa": dpa, "length": 128},
+            {"after_s": 0.2, "kind": "general-media", "dpa": dpa + 0x1000, "event_type": "invalid-address"},
+            {"at": "end", "kind": "dram", "dpa": dpa + 0x2000, "bank": 3},
+            {"at": "end", "kind": "memory-module", "event_type": "temperature-change", "temperature": 71},
+            {"at": "end", "kind": "correctable", "error_type": "mem-data-ecc"},
+        ]}],
+    }, "qmp.yaml")
+    out = tmp_path / "out"
+    rows = ExperimentRunner(experiment, out, default_platform).run()
+    assert list(rows) == ["chase@base-cssd", "chase@base-cssd#2"]
+    for row in rows.values():  # the second run could poison the range again: the first cleared it
+        assert row["check_ok"] and row["qmp"]["ok"], row["qmp"]
+        seen = {e["kind"]: e for e in row["qmp"]["injections"]}
+        poison = trace_fields(seen["poison"]["observed"])
+        assert int(poison["dpa"], 16) == dpa and int(poison["hpa"], 16) == device.hpa_base + dpa
+        assert poison["dpa_length"] == "0x80" and seen["poison"]["record"]["hpa"] == device.hpa_base + dpa
+        media = trace_fields(seen["general-media"]["observed"])
+        assert media["type"] == "'Invalid Address'"
+        assert int(media["hpa"], 16) == device.hpa_base + dpa + 0x1000
+        assert seen["general-media"]["sent_s"] >= 0.2
+        assert trace_fields(seen["dram"]["observed"])["bank"] == "3"
+        assert trace_fields(seen["memory-module"]["observed"])["device_temp"] == "71"
+        assert "cxl_aer_correctable_error" in seen["correctable"]["observed"]
+        assert any("CorrIntErr" in line for line in row["qmp"]["kernel_log"])
+    written = write_results(experiment, rows, out)
+    assert written["injection_problems"] == []
+    report = (out / "report.md").read_text()
+    assert "## QMP injections and what the guest showed" in report
+    assert f"seen: `cxl_poison: memdev={device.memdev}" in report
+    # The device's poison list no longer holds the range: the next experiment may poison it again.
+    guest = default_platform.guest()
+    enable_cxl_tracing(guest, clear=True)
+    trigger_poison_list(guest, device.memdev)
+    assert wait_for_trace(guest, [rf"cxl_poison: .*dpa={dpa:#x} "], timeout_s=3) == [None]
+
+
+@pytest.mark.guest
+def test_an_uncorrectable_error_point_is_followed_by_a_fresh_guest(tmp_path: Path) -> None:
+    """On guests of the runner's own: the fatal AER error takes the first guest's CXL
+    memory down, so the runner boots another for the next point."""
+    experiment = experiment_from_dict({
+        "name": "ue", "designs": ["base-cssd"], "overrides": {"ssd_dram.size_bytes": "16MiB"},
+        "workloads": [
+            {"name": "hit", "command": SMALL_CHASE,
+             "inject": [{"at": "end", "kind": "uncorrectable", "errors": ["mem-data-ecc"]}]},
+            {"name": "after", "command": SMALL_CHASE},
+        ],
+    }, "ue.yaml")
+    rows = ExperimentRunner(experiment, tmp_path).run()
+    hit, after = rows["hit@base-cssd"], rows["after@base-cssd"]
+    assert hit["check_ok"] and hit["qmp"]["ok"]
+    observed = hit["qmp"]["injections"][0]["observed"]
+    assert "cxl_aer_uncorrectable_error" in observed and "'Memory Data ECC Error'" in observed
+    assert any("Uncorrectable (Fatal) error message received" in line for line in hit["qmp"]["kernel_log"])
+    # The next point ran on another guest, with its CXL memory and the firmware live.
+    assert after["instance"] != hit["instance"]
+    assert after["check_ok"] and after["modelled_ns"] > 0 and after["device"]["requests"] > 0
