@@ -401,6 +401,13 @@ static inline void *wl_alloc(uint64_t bytes)
     return data;
 }
 
+/* Count `bytes` that a library allocated for the workload outside wl_alloc (SQLite's heap) as
+ * wl_alloc counts its own: as data before the ROI has ended, as the check's after. */
+static inline void wl_count_alloc(uint64_t bytes)
+{
+    wl_program.allocated += bytes;
+}
+
 static inline void wl_roi_begin(const struct wl_common *common)
 {
     cxlssd_roi_begin(common->roi); /* the id was checked: 0..255 */

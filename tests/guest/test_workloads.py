@@ -1,7 +1,8 @@
-"""The workload suite (guest/workloads/, docs/workloads.md) without a guest: built with the
-runtime, run on the host (where the ROI markers are plain NOPs) at their small defaults
-and a second parameter set, their reports, self-checks, determinism, usage errors, and the
-marker bytes in each binary."""
+"""The workload suite (guest/workloads/, docs/workloads.md): built with the runtime, run on
+the host (where the ROI markers are plain NOPs) at their small defaults and a second
+parameter set, their reports, self-checks, determinism, usage errors, and the marker bytes
+in each binary; and tpcc (SQLite, a library of the guest's own) in the session's guest, on
+the CXL node and under live designs."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import pytest
 
 from cxlssd.guest.runtime import build
 from cxlssd.guest.runtime.build import ensure_runtime
+from cxlssd.guest.runtime.install import with_guest_env
+from cxlssd.platform.machine import Platform
 
 WORKLOADS = build.WORKLOADS
 ROI_BEGIN, ROI_END = 1, 2
@@ -30,6 +33,7 @@ RESULT_FIELDS = {
     "srad": {"mean", "q0sqr_last", "pixels_compared", "finite"},
     "kvstore": {"reads", "updates", "failures"},
     "dlrm": {"lookups", "bytes_gathered"},
+    "tpcc": {"new_order", "payment", "order_status", "delivery", "stock_level", "rollbacks", "violations"},
 }
 # Small runs of every workload (and kernel), for the tests of checksums and checks.
 SMALL = [
@@ -39,6 +43,7 @@ SMALL = [
     ("srad", ["--width", "64", "--height", "48", "--iterations", "3"]),
     ("kvstore", ["--records", "2000", "--ops", "5000"]),
     ("dlrm", ["--rows", "500", "--batches", "3"]),
+    ("tpcc", ["--customers", "30", "--items", "1000", "--transactions", "200"]),
 ]
 
 
@@ -86,8 +91,17 @@ def test_every_workload_is_built_and_installed_with_the_runtime(runtime: Path) -
     steps = {step.output: step for step in build.STEPS}
     for name in WORKLOADS:
         step = steps[f"bin/{name}"]
-        assert step.sources == (f"../workloads/{name}.c", build.LIBRARY_SOURCE) and step.libraries == ("m",)
+        assert step.sources == (f"../workloads/{name}.c", build.LIBRARY_SOURCE)
+        assert step.libraries == ("m", *build.WORKLOAD_LIBRARIES.get(name, ()))
         assert os.access(runtime / "bin" / name, os.X_OK)
+
+
+def test_tpcc_links_sqlite_by_its_soname(runtime: Path) -> None:
+    """The guest's libsqlite3-0 (Debian trixie's) is newer than the host's: the binary names
+    the soname, which both provide."""
+    dynamic = subprocess.run(["readelf", "--dynamic", str(runtime / "bin" / "tpcc")],
+                             capture_output=True, text=True, check=True).stdout
+    assert "Shared library: [libsqlite3.so.0]" in dynamic
 
 
 @pytest.mark.parametrize("name", WORKLOADS)
@@ -188,6 +202,46 @@ def test_dlrm(runtime: Path) -> None:
     assert 0.99 * 65536 < data["footprint_bytes"] <= 65536 and data["lookups"] == 5 * 3 * 7 * 3
 
 
+TPCC_DEFAULT_PARAMS = {
+    "warehouses": 1, "customers": 300, "items": 10000, "transactions": 100, "seed": 1, "roi": 1,
+}
+
+
+def test_tpcc_default(runtime: Path) -> None:
+    data = report(runtime, "tpcc")
+    assert data["params"] == TPCC_DEFAULT_PARAMS
+    kinds = ("new_order", "payment", "order_status", "delivery", "stock_level")
+    assert sum(data[kind] for kind in kinds) == 100 and data["violations"] == 0
+    # The whole database in the page cache the program allocated, none in SQLite's overflow.
+    assert data["page_cache_overflow_bytes"] == 0
+    assert 7 * 2**20 < data["db_bytes"] <= data["page_cache_bytes"] < data["footprint_bytes"]
+
+
+def test_tpcc_mix_and_work(runtime: Path) -> None:
+    data = report(runtime, "tpcc", "--customers", "30", "--items", "1000", "--transactions", "2000")
+    # TPC-C's mix: 45 / 43 / 4 / 4 / 4 %, drawn per transaction.
+    for kind, share in (("new_order", 0.45), ("payment", 0.43), ("order_status", 0.04), ("delivery", 0.04),
+                        ("stock_level", 0.04)):
+        assert abs(data[kind] / 2000 - share) < 0.035, (kind, data[kind])
+    # 1 % of New-Orders roll back; each committed one has 5..15 lines; a Delivery 10 districts at most.
+    committed = data["new_order"] - data["rollbacks"]
+    assert 0 < data["rollbacks"] < 0.04 * data["new_order"]
+    assert 5 * committed <= data["order_lines"] <= 15 * committed
+    assert 0 < data["delivered_orders"] <= 10 * data["delivery"]
+
+
+def test_tpcc_warehouses_from_a_footprint_and_remote_work(runtime: Path) -> None:
+    data = report(runtime, "tpcc", "--footprint", "32M", "--transactions", "20")
+    assert data["params"]["warehouses"] == 3 and data["params"]["footprint"] == 32 * 2**20
+    # A warehouse takes ~8 MiB at the default scale: as many whole ones as fit.
+    assert (32 - 9) * 2**20 < data["footprint_bytes"] <= 32 * 2**20
+    assert data["db_bytes"] <= data["page_cache_bytes"] and data["page_cache_overflow_bytes"] == 0
+    # Several warehouses: remote supply warehouses and customers, checked like the rest.
+    data = report(runtime, "tpcc", "--warehouses", "3", "--customers", "30", "--items", "1000",
+                  "--transactions", "500")
+    assert data["violations"] == 0 and data["params"]["warehouses"] == 3
+
+
 @pytest.mark.parametrize(("name", "args"), SMALL)
 def test_same_seed_same_checksum_other_seed_other_checksum(runtime: Path, name: str, args: list[str]) -> None:
     checksums = [report(runtime, name, *args, "--seed", seed)["checksum"] for seed in ("3", "3", "4")]
@@ -235,6 +289,11 @@ BAD_ARGUMENTS = [(name, args, message) for name in WORKLOADS for args, message i
     ("dlrm", ["--dist", "normal"], "--dist: 'normal' is not one of zipf, uniform"),
     ("dlrm", ["--footprint", "1M"], "--footprint 1048576 is too small"),
     ("dlrm", ["--pooling", "0"], "--pooling 0: must be 1.."),
+    ("tpcc", ["--warehouses", "0"], "--warehouses 0: must be 1..10000"),
+    ("tpcc", ["--warehouses", "2", "--footprint", "64M"], "--footprint and --warehouses are exclusive"),
+    ("tpcc", ["--footprint", "1M"], "--footprint 1048576 is too small"),
+    ("tpcc", ["--customers", "5"], "--customers 5: must be 10..3000"),
+    ("tpcc", ["--items", "200K"], "--items 200K: must be 100..100000"),
 ]
 
 
@@ -287,3 +346,37 @@ def test_netkv_serves_and_drives_over_loopback(runtime: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "netkv", "drive", "--server", "x", "--ops", "0"],
                          env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "must be positive" in bad.stderr
+
+
+# -- tpcc in the guest -----------------------------------------------------------------------
+
+
+@pytest.mark.guest
+def test_tpcc_in_the_guest_on_the_cxl_node(default_platform: Platform, runtime: Path) -> None:
+    """The small default bound to the CXL node, with the guest's own SQLite: the same results
+    as on the host (every result is an integer, the checksum hashes them all)."""
+    node = default_platform.devices[0].node
+    status, out, err = default_platform.guest().run(with_guest_env(["numactl", f"--membind={node}", "tpcc"]))
+    assert status == 0, err.decode()
+    data = json.loads(out)
+    assert data["check_ok"] is True and data["violations"] == 0 and data["params"] == TPCC_DEFAULT_PARAMS
+    assert data["checksum"] == report(runtime, "tpcc")["checksum"]
+
+
+@pytest.mark.guest
+def test_tpcc_under_live_designs(default_platform: Platform) -> None:
+    """The small default with the firmware attached: one ROI in modelled time, the CXL-SSD
+    design's slower than DRAM-only's, the same transactions and results under both."""
+    runs = {}
+    for design in ("base-cssd", "dram-only"):
+        with default_platform.attach(design) as session:
+            _, out, _ = session.run(["tpcc"], check=True)
+        data = json.loads(out)
+        assert data["check_ok"] is True, data
+        assert [roi["roi"] for roi in session.results["rois"]] == [1]
+        runs[design] = data, session.results["rois"][0]
+        print(f"tpcc under {design}: {runs[design][1]['modelled_ns'] / 1e6:.2f} modelled ms")
+    (base, base_roi), (dram, dram_roi) = runs["base-cssd"], runs["dram-only"]
+    assert base["checksum"] == dram["checksum"]
+    assert base_roi["cpu"]["device_reads"] > 0 and dram_roi["cpu"]["device_reads"] == 0
+    assert base_roi["modelled_ns"] > dram_roi["modelled_ns"] > 0
