@@ -115,6 +115,8 @@ class ModelCounters:
     promotions_applied: int = 0
     demotions_applied: int = 0
     dirty_demotions: int = 0
+    promotions_failed: int = 0  # decided, then given up by the host (host-managed)
+    host_accesses: int = 0  # LLC misses served by promoted pages in host DRAM (host-managed)
 
 
 class Controller:
@@ -134,9 +136,12 @@ class Controller:
         context_switch: ContextSwitchPolicy | None = None,
         timebase: str = "compute",
         vectorize: bool = True,
+        host_managed: bool = False,
     ) -> None:
         if timebase not in TIMEBASES:
             raise ValueError(f"timebase must be one of {TIMEBASES}, got {timebase!r}")
+        if host_managed and auto_apply:
+            raise ValueError("host-managed promotions are carried out by the host, not auto-applied")
         self.dram_only = cache is None
         self.device_pages = device_pages
         self.latencies = latencies
@@ -146,6 +151,10 @@ class Controller:
         self.migration = migration
         self.host_capacity_pages = host_capacity_pages
         self.auto_apply = auto_apply
+        # The guest OS moves promoted pages (live runs): a promoted page leaves the
+        # device (its device page is freed and may be reused), and accesses to it
+        # reach the firmware only as counts (count_host_accesses), never as requests.
+        self.host_managed = host_managed
         self.context_switch: ContextSwitchPolicy = context_switch or CONTEXT_SWITCH_POLICIES.get(
             "never"
         )()
@@ -164,6 +173,10 @@ class Controller:
         self._pending_count = 0  # pending.sum(), kept up to date
         self.last_access = np.zeros(device_pages, dtype=np.int64)  # of promoted pages
         self._promoted_set: set[int] = set()
+        # host-managed: RAM pages promoted from each device page. A promoted page's device
+        # page is freed, and the guest may put another page there and promote that too.
+        self._host_pages: dict[int, int] = {}
+        self._host_total = 0
         self._pending_demotions: set[int] = set()
         self.hit_count = np.zeros(device_pages, dtype=np.uint16)
         self.hit_epoch = np.zeros(device_pages, dtype=np.int32)  # window of hit_count
@@ -283,6 +296,35 @@ class Controller:
         """The host moved ``page`` back to the device (``dirty``: written while promoted)."""
         self._apply_demotion(page, dirty, self._now())
 
+    def host_gave_up(self, page: int) -> None:
+        """The host could not promote ``page`` (host-managed): it may be decided again."""
+        if self.pending[page]:
+            self.pending[page] = False
+            self._pending_count -= 1
+            self.counters.promotions_failed += 1
+
+    def count_host_accesses(self, pages: np.ndarray) -> None:
+        """LLC misses that promoted pages (original device page numbers) served from
+        host DRAM (host-managed): their recency and the migration window's
+        promoted share. The CPU already paid the DRAM latency: nothing is charged."""
+        n = int(pages.shape[0])
+        if not n:
+            return
+        self.counters.host_accesses += n
+        if self.migration is None:
+            return
+        self.last_access[pages] = self._seq
+        self._window_promoted += n
+        self._window_left -= n
+        if self._window_left <= 0:
+            self._end_window()
+
+    def charge_stall(self, vcpu: int, stall_ns: int) -> None:
+        """Add ``stall_ns`` (negative: take back) to what ``vcpu`` was charged: the live
+        context-switch protocol settles long delays after the request was served."""
+        self._vcpu_stall_ns[vcpu] += stall_ns
+        self.counters.stall_ns_total += stall_ns
+
     def promoted_pages(self) -> np.ndarray:
         """Pages currently in host DRAM, sorted."""
         return np.array(sorted(self._promoted_set), dtype=np.int64)
@@ -349,7 +391,7 @@ class Controller:
             history = getattr(self.migration, "history", [])
             out["migration"] = {
                 "threshold": self.migration.threshold,
-                "promoted_pages": len(self._promoted_set),
+                "promoted_pages": self._host_total if self.host_managed else len(self._promoted_set),
                 "threshold_history": [h[0] for h in history],
                 "promoted_share_history": [round(h[1], 6) for h in history],
             }
@@ -744,7 +786,8 @@ class Controller:
             return -1, -1
         self.counters.promotions_decided += 1
         demote = -1
-        in_use = len(self._promoted_set) + self._pending_count - len(self._pending_demotions)
+        in_host = self._host_total if self.host_managed else len(self._promoted_set)
+        in_use = in_host + self._pending_count - len(self._pending_demotions)
         if self._promoted_set and in_use >= self.host_capacity_pages:
             candidates = self._demotion_candidates()
             if candidates.size:
@@ -765,7 +808,7 @@ class Controller:
 
     def _demotion_candidates(self) -> np.ndarray:
         """Promoted pages not already being demoted, sorted."""
-        if len(self._promoted_set) < 4096:
+        if self.host_managed or len(self._promoted_set) < 4096:
             return np.array(sorted(self._promoted_set - self._pending_demotions), dtype=np.int64)
         candidates = np.flatnonzero(self.promoted)  # the same pages, without sorting a set
         if self._pending_demotions:
@@ -774,12 +817,20 @@ class Controller:
         return candidates
 
     def _apply_promotion(self, page: int) -> None:
-        if self.promoted[page] or self.dram_only:
+        if self.promoted[page] or self.dram_only or (page in self._promoted_set and not self.host_managed):
             return
         assert self.cache is not None
         if self.pending[page]:
             self.pending[page] = False
             self._pending_count -= 1
+        if self.host_managed:
+            # the device page was freed: nothing to serve from here, only the budget
+            self.last_access[page] = self._seq
+            self._promoted_set.add(page)
+            self._host_pages[page] = self._host_pages.get(page, 0) + 1
+            self._host_total += 1
+            self.counters.promotions_applied += 1
+            return
         self.promoted[page] = True
         # the cached copy moves to the host; if it was dirty the host copy is too
         self.promoted_dirty[page] = self.cache.invalidate(page)
@@ -788,6 +839,16 @@ class Controller:
         self.counters.promotions_applied += 1
 
     def _apply_demotion(self, page: int, dirty: bool, now: int) -> None:
+        if self.host_managed and page in self._host_pages:
+            # the host's copy went back through the device as ordinary writes
+            self._host_pages[page] -= 1
+            self._host_total -= 1
+            if not self._host_pages[page]:
+                del self._host_pages[page]
+                self._promoted_set.discard(page)
+            self._pending_demotions.discard(page)
+            self.counters.demotions_applied += 1
+            return
         if not self.promoted[page]:
             return
         assert self.cache is not None

@@ -44,6 +44,10 @@ from cxlssd.platform.plugin.ring import RequestRing, RingError
 
 DEFAULT_CHUNK_RECORDS = 1 << 16
 IDLE_SLEEP_S = 0.0005
+# After serving something, poll without sleeping this long first: a guest waiting
+# for an answer (a clock read, a long-delay query) usually asks again soon, and
+# every 0.5 ms it waits is wall-clock time its timer interrupts run in.
+BUSY_POLL_S = 0.002
 
 
 class LiveDriver(Lifecycle):
@@ -166,10 +170,13 @@ class LiveDriver(Lifecycle):
         ring = self._ring
         assert ring is not None
         try:
+            last_served = 0.0
             while not self._stop.is_set():
-                if self._serve_once(ring) == 0:
+                if self._serve_once(ring):
+                    last_served = time.perf_counter()
+                else:
                     ring.check()
-                    time.sleep(IDLE_SLEEP_S)
+                    time.sleep(0 if time.perf_counter() - last_served < BUSY_POLL_S else IDLE_SLEEP_S)
             while self._serve_once(ring):  # drain after stop()
                 pass
         except BaseException as error:  # re-raised by stop()/check()

@@ -24,6 +24,9 @@ from cxlssd.firmware.request import LINES_PER_PAGE, PAGE_BYTES
 from cxlssd.yamlfile import read_yaml
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+#: the guest runtime's task schedulers (guest/runtime/libcxlssd.c), in the order
+#: of their numbers in the paravirtual page
+TASK_SCHEDULERS = ("round-robin", "earliest-ready")
 BASE_PROFILE = "base-cssd"
 
 #: NAND timing presets (ns). ULL is SkyByte's; SLC/MLC/TLC are typical datasheet
@@ -293,6 +296,13 @@ def _validate(v: dict[str, Any]) -> None:
              f"need 1 <= migration.min_threshold ({lo}) <= initial_threshold ({start}) "
              f"<= max_threshold ({hi})")
     _require(v["migration.window_accesses"] >= 1, "migration.window_accesses must be at least 1")
+    _require(v["context_switch.threshold_ns"] > 0,
+             f"context_switch.threshold_ns must be above 0 ns, got {v['context_switch.threshold_ns']}: "
+             "a long delay is one longer than the threshold (SkyByte: 2000, swept 2000-80000)")
+    _require(v["context_switch.scheduler"] in TASK_SCHEDULERS,
+             f"unknown context_switch.scheduler {v['context_switch.scheduler']!r}"
+             f"{suggest(str(v['context_switch.scheduler']), list(TASK_SCHEDULERS))}; "
+             f"choose one of: {', '.join(TASK_SCHEDULERS)}")
     _require(
         v["migration.raise_at_or_below_share"] < v["migration.lower_at_or_above_share"],
         "migration.raise_at_or_below_share must be below migration.lower_at_or_above_share",

@@ -14,16 +14,19 @@ from typing import Any
 import numpy as np
 
 from cxlssd.firmware.controller import Controller
+from cxlssd.firmware.live_switching import LiveContextSwitch, guest_driven
 from cxlssd.firmware.profile import Profile, load_profile
 from cxlssd.firmware.stream import StreamServer
 from cxlssd.firmware.synth import SynthSpec, generate
 from cxlssd.firmware.trace import TraceReader
 
 
-def replay(controller: Controller, chunks: Iterable[np.ndarray]) -> dict[str, Any]:
+def replay(
+    controller: Controller, chunks: Iterable[np.ndarray], switching: LiveContextSwitch | None = None
+) -> dict[str, Any]:
     """Serve every chunk; returns counters, stall totals, latency percentiles and
     the results of the ROIs marked in the stream."""
-    server = StreamServer(controller)
+    server = StreamServer(controller, switching=switching)
     server.serve_all(chunks)
     return server.summary()
 
@@ -34,7 +37,9 @@ def replay_file(
     """Replay trace file ``path`` on ``profile``; the result includes the full profile."""
     reader = TraceReader(path)
     controller = Controller.from_profile(profile, timebase=reader.timebase, vectorize=vectorize)
-    result = replay(controller, reader.chunks())
+    # a live run's trace: the guest switched and promoted, the replay settles the same way
+    switching = guest_driven(controller) if reader.metadata.get("guest_driven") else None
+    result = replay(controller, reader.chunks(), switching)
     return {
         "design": profile.name,
         "profile": profile.tree,

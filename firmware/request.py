@@ -91,6 +91,13 @@ FLAG_DIRTY = 1
 #: Op.WRITE flag bit: a posted write (an LLC write-back): its latency occupies
 #: the device but is never charged to the vCPU's clock
 FLAG_POSTED = 2
+#: Op.READ flag bit: a long-delay query of the guest runtime; the plugin waits
+#: for the answer (docs/guest-runtime.md, :mod:`.live_switching`)
+FLAG_QUERY = 4
+#: an LLC miss that a promoted page served from host DRAM (guest-driven
+#: promotion): ``addr`` is in the page's original device page; counted, never
+#: served by the device nor charged (the CPU paid the DRAM latency)
+FLAG_HOST = 8
 
 
 def make_requests(

@@ -10,6 +10,7 @@ writes its results (counters, ROI results, driver statistics) as JSON.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -23,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from cxlssd.errors import InputError
-from cxlssd.firmware.context_switch import NeverSwitch
 from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.knobs import FirmwareKnob, KnobController, knob_from_dict, knob_to_dict
 from cxlssd.firmware.live import LiveDriver
+from cxlssd.firmware.live_switching import guest_driven
 from cxlssd.firmware.profile import Profile
 from cxlssd.platform.plugin.counters import PluginCounters
-from cxlssd.platform.plugin.pv import ClockPage
+from cxlssd.platform.plugin.pv import FEATURE_CONTEXT_SWITCH, FEATURE_PROMOTION, PvPage
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,41 @@ class ControlFile:
         return knobs
 
 
+class Mailbox:
+    """Promotion decisions on their way to the guest's daemon, through the pv page's
+    mailbox. A promotion that finds it full is dropped (the controller may decide
+    it again on a later hit): the mailbox bounds the decisions in flight, as an
+    OS bounds its migration rate, and a burst of one-off hits (a workload writing
+    its data) does not queue thousands of stale moves. A demotion waits (in order)
+    for room: the budget depends on it."""
+
+    def __init__(self, page: PvPage, controller: Controller) -> None:
+        self.page = page
+        self.controller = controller
+        self.demotions: collections.deque[int] = collections.deque()
+        self.posted = 0
+        self.dropped = 0
+
+    def post(self, device_page: int, demote: bool) -> None:
+        if demote:
+            self.demotions.append(device_page)
+            self.flush()
+        elif self.demotions or not self.page.post(device_page, False):
+            self.dropped += 1
+            self.controller.host_gave_up(device_page)
+        else:
+            self.posted += 1
+
+    def flush(self) -> None:
+        while self.demotions and self.page.post(self.demotions[0], True):
+            self.demotions.popleft()
+            self.posted += 1
+
+    def stats(self) -> dict[str, int]:
+        return {"posted": self.posted, "promotions_dropped": self.dropped,
+                "demotions_waiting": len(self.demotions)}
+
+
 def _hand_over(control: ControlFile, knobs: KnobController, driver: LiveDriver) -> None:
     """New knobs go to the serving thread: applied (or scheduled) before its next chunk."""
     for knob, at_ms in control.new_knobs():
@@ -106,34 +142,39 @@ def serve(
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, on_signal)
     controller = Controller.from_profile(profile, timebase="compute")
-    not_applied = []  # what the profile asks for that a live run cannot honour yet
-    if profile["context_switch.enabled"]:
-        # Hiding a long delay is honest only if the guest really switched to other
-        # work meanwhile: that needs the guest-side runtime (issue 5). Until then a
-        # live run gives no long-delay answers: every read is charged in full.
-        log.warning("%s: context switching is not applied live yet (issue 5): every read is charged "
-                    "its full latency", profile.name)
-        controller.context_switch = NeverSwitch()
-        not_applied.append("context_switch")
-    if profile["migration.enabled"] and controller.auto_apply:
-        # Likewise a promotion happens when the guest OS moves the page (issue 5), not
-        # when the firmware decides it: decisions are counted, pages stay on the device.
-        log.warning("%s: promotions are decided, not carried out, in a live run yet (issue 5)", profile.name)
-        controller.auto_apply = False
-        not_applied.append("migration.auto_apply")
+    # A long delay is hidden only when the guest really switched (the guest runtime
+    # asks, the firmware answers); a promotion happens when the guest OS has moved
+    # the page (host_os/promoter): docs/live.md.
+    switching = guest_driven(controller)
     with contextlib.ExitStack() as stack:
         counters = stack.enter_context(PluginCounters(counters_path)) if counters_path is not None else None
-        page = stack.enter_context(ClockPage(pv_path)) if pv_path is not None else None
+        page = stack.enter_context(PvPage(pv_path)) if pv_path is not None else None
+        mailbox = Mailbox(page, controller) if page is not None else None
         driver = LiveDriver(
             ring_path,
             controller,
             record=record,
-            metadata={"design": profile.name, "profile": profile.tree},
+            metadata={"design": profile.name, "profile": profile.tree, "guest_driven": True},
             cpu_counters=_cpu_counters(counters) if counters is not None else None,
             on_clock=page.publish if page is not None else None,
         )
+        driver.server.switching = switching
+        if page is not None and mailbox is not None:
+            driver.server.on_query = page.answer_query
+            driver.server.on_decision = mailbox.post
+            page.set_features(
+                (FEATURE_CONTEXT_SWITCH if profile["context_switch.enabled"] else 0)
+                | (FEATURE_PROMOTION if profile["migration.enabled"] else 0),
+                profile["context_switch.scheduler"],
+            )
         knobs = KnobController(controller)
-        driver.before_chunk = knobs.tick
+
+        def before_chunk() -> None:
+            knobs.tick()
+            if mailbox is not None:
+                mailbox.flush()
+
+        driver.before_chunk = before_chunk
         control = ControlFile(control_path) if control_path is not None else None
         with driver:
             log.info("firmware %s serving %s (pid %d)", profile.name, ring_path, os.getpid())
@@ -149,7 +190,7 @@ def serve(
             "profile": profile.tree,
             **driver.server.summary(),
             "driver": driver.stats(),
-            "not_applied_live": not_applied,
+            "mailbox": mailbox.stats() if mailbox is not None else None,
             "knobs": knobs.log,
             "served_at": time.time(),
         }

@@ -12,6 +12,14 @@ The modelled clock of a vCPU at a marker is its local clock (instructions x
 CPI / frequency + DRAM stalls, kept by the plugin) plus the device stall the
 controller has charged it so far. An ROI's modelled time is that clock at its
 end marker minus the clock at its begin marker, on the vCPU that ran both.
+
+A guest-driven stream (a live run, or its trace) also holds the guest runtime's
+long-delay queries (reads flagged :data:`~.request.FLAG_QUERY`, each served on
+its own and answered through ``on_query``), its SWITCH/RESUME markers (settled by
+:class:`~.live_switching.LiveContextSwitch`), the promotion daemon's reports
+(PROMOTED/DEMOTED/PROMOTE_FAILED markers, ``addr`` = the device page) and the
+LLC misses promoted pages served from host DRAM (:data:`~.request.FLAG_HOST`,
+counted in bulk). The controller's promotion decisions go to ``on_decision``.
 """
 
 from __future__ import annotations
@@ -23,12 +31,15 @@ from typing import Any
 
 import numpy as np
 
+from cxlssd.firmware.context_switch import NeverSwitch
 from cxlssd.firmware.controller import Controller
-from cxlssd.firmware.request import Op, Source
+from cxlssd.firmware.live_switching import LiveContextSwitch
+from cxlssd.firmware.request import FLAG_HOST, FLAG_QUERY, PAGE_SHIFT, Op, Source
 
 log = logging.getLogger(__name__)
 
 CMD_ROI_BEGIN, CMD_ROI_END, CMD_CLOCK = 1, 2, 3
+CMD_PROMOTED, CMD_DEMOTED, CMD_PROMOTE_FAILED = 7, 8, 9
 _OPS = ("read", "write")
 _N_SOURCES = len(Source)
 # latency histogram: log-spaced bucket edges from 1 ns to 100 s (for percentiles)
@@ -75,7 +86,9 @@ class Marker:
 
 
 #: counters that are levels, not counts: an ROI reports their value at its end
-GAUGES = frozenset({"capacity_pages", "occupied_pages", "capacity_entries", "threshold", "promoted_pages"})
+GAUGES = frozenset(
+    {"capacity_pages", "occupied_pages", "capacity_entries", "threshold", "promoted_pages", "parked"}
+)
 
 
 def counter_delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
@@ -115,17 +128,26 @@ class StreamServer:
     marker (a dict of numbers): the live driver reads them from the plugin's
     ROI table; a replay has none. ``on_clock(vcpu, seq, clock_ns)`` answers the
     guest's clock reads (the live driver writes the paravirtual page; a replay
-    only counts them)."""
+    only counts them); ``on_query(vcpu, ticket, long_delay, ready_ns)`` answers
+    long-delay queries, ``on_decision(page, demote)`` hands on promotion and
+    demotion decisions. ``switching`` settles long delays (without it no query
+    is answered "long")."""
 
     def __init__(
         self,
         controller: Controller,
         cpu_counters: Callable[[int], dict[str, int] | None] | None = None,
         on_clock: Callable[[int, int, int], None] | None = None,
+        switching: LiveContextSwitch | None = None,
+        on_query: Callable[[int, int, bool, int], None] | None = None,
+        on_decision: Callable[[int, bool], None] | None = None,
     ) -> None:
         self.controller = controller
         self.cpu_counters = cpu_counters
         self.on_clock = on_clock
+        self.switching = switching or LiveContextSwitch(controller, NeverSwitch())
+        self.on_query = on_query
+        self.on_decision = on_decision
         self.clock_reads = 0
         self.requests = 0
         self.markers = 0
@@ -138,11 +160,15 @@ class StreamServer:
 
     def serve(self, chunk: np.ndarray) -> None:
         """Serve one chunk of the stream, in order."""
-        marks = np.flatnonzero(chunk["op"] == Op.MARKER)
+        marker = chunk["op"] == Op.MARKER
+        stops = np.flatnonzero(marker | ((chunk["flags"] & FLAG_QUERY) != 0))  # (markers first)
         start = 0
-        for m in marks.tolist():
+        for m in stops.tolist():
             self._process(chunk[start:m])
-            self._marker(chunk[m])
+            if marker[m]:
+                self._marker(chunk[m])
+            else:
+                self._query(chunk[m : m + 1])
             start = m + 1
         self._process(chunk[start:])
 
@@ -150,10 +176,34 @@ class StreamServer:
         for chunk in chunks:
             self.serve(chunk)
 
-    def _process(self, requests: np.ndarray) -> None:
+    def _query(self, request: np.ndarray) -> None:
+        out = self._process(request)
+        assert out is not None
+        vcpu = int(request["vcpu"][0])
+        ticket, long_delay, ready_ns = self.switching.query(
+            vcpu, int(out["start_ns"][0]), int(out["latency_ns"][0])
+        )
+        if self.on_query is not None:
+            self.on_query(vcpu, ticket, long_delay, ready_ns)
+
+    def _process(self, requests: np.ndarray) -> np.ndarray | None:
+        host = (requests["flags"] & FLAG_HOST) != 0
+        if host.any():
+            # counted in bulk: recency at this granularity is all the demotion choice needs
+            pages = (requests["addr"][host] >> np.uint64(PAGE_SHIFT)).astype(np.int64)
+            self.controller.count_host_accesses(pages)
+            requests = requests[~host]
         if not requests.shape[0]:
-            return
+            return None
         out = self.controller.process(requests)
+        if self.on_decision is not None:
+            decided = (out["promote_page"] >= 0) | (out["demote_page"] >= 0)
+            for promote, demote in zip(out["promote_page"][decided].tolist(),
+                                       out["demote_page"][decided].tolist(), strict=True):
+                if demote >= 0:
+                    self.on_decision(demote, True)
+                if promote >= 0:
+                    self.on_decision(promote, False)
         self.requests += int(requests.shape[0])
         self.end_ns = max(self.end_ns, int(out["ready_ns"].max()))
         rw = requests["op"] <= Op.WRITE
@@ -165,24 +215,30 @@ class StreamServer:
             self._latency[..., 1] += np.bincount(
                 cell, weights=out["latency_ns"][rw], minlength=size
             ).astype(np.int64).reshape(len(_OPS), _N_SOURCES)
+        return out
 
     def _marker(self, record: np.void) -> None:
         self.markers += 1
         vcpu = int(record["vcpu"])
         addr = int(record["addr"])
-        if int(record["flags"]) == CMD_CLOCK:  # a clock read: answer it, nothing to snapshot
+        cmd = int(record["flags"])
+        self.switching.marker(vcpu, cmd, addr, int(record["time_ns"]))
+        if cmd > CMD_CLOCK:
+            self._runtime_marker(cmd, addr)
+            return
+        if cmd == CMD_CLOCK:  # a clock read: answer it, nothing to snapshot
             self.clock_reads += 1
             if self.on_clock is not None:
                 self.on_clock(vcpu, addr >> 16, int(record["time_ns"]) + self.controller.vcpu_stall_ns(vcpu))
             return
         marker = Marker(
-            cmd=int(record["flags"]),
+            cmd=cmd,
             roi=addr & 0xFFFF,
             event=addr >> 16,
             vcpu=vcpu,
             local_ns=int(record["time_ns"]),
             stall_ns=self.controller.vcpu_stall_ns(vcpu),
-            device=self.controller.counter_dict(),
+            device=self.device_counters(),
             latency=self._latency.copy(),
         )
         cpu = self.cpu_counters(marker.event) if self.cpu_counters is not None else None
@@ -201,6 +257,22 @@ class StreamServer:
         else:
             log.warning("unknown marker command %d (ROI %d): ignored", marker.cmd, marker.roi)
 
+    def _runtime_marker(self, cmd: int, page: int) -> None:
+        """The promotion daemon's reports (SWITCH/RESUME are the switching's)."""
+        if cmd == CMD_PROMOTED:
+            self.controller.host_promoted(page)
+        elif cmd == CMD_DEMOTED:
+            self.controller.host_demoted(page)
+        elif cmd == CMD_PROMOTE_FAILED:
+            self.controller.host_gave_up(page)
+
+    def device_counters(self) -> dict[str, Any]:
+        """The controller's counters with the guest OS's side (switches, the share of
+        accesses promoted pages served)."""
+        counters = self.controller.counter_dict()
+        counters["os"] = self.switching.counter_dict()
+        return counters
+
     def _result(
         self, begin: Marker, begin_cpu: dict[str, int] | None, end: Marker, end_cpu: dict[str, int] | None
     ) -> dict[str, Any]:
@@ -216,6 +288,9 @@ class StreamServer:
             "device": device,
             "latency_by_source": _latency_table(end.latency - begin.latency),
         }
+        model = device.get("model", {})
+        host = model.get("host_accesses", 0)
+        result["promoted_share"] = host / (host + model["requests"]) if host else 0.0
         if begin_cpu is not None and end_cpu is not None:
             result["cpu"] = counter_delta(end_cpu, begin_cpu)
         return result
@@ -226,7 +301,7 @@ class StreamServer:
 
     def summary(self) -> dict[str, Any]:
         """Counters, stall totals, latency percentiles and the ROI results so far."""
-        counters = self.controller.counter_dict()
+        counters = self.device_counters()
         model = counters["model"]
         return {
             "counters": counters,

@@ -5,6 +5,8 @@ modules, waits for the memdevs, creates one RAM region per memdev on the root
 decoder whose window targets the memdev's host bridge (``cxl create-region``,
 ndctl 81), and onlines the new memory ZONE_MOVABLE (the kernel boots with
 ``memhp_default_state=offline``), so only workload pages land on the device.
+Turns transparent huge pages off: the device model and its page promotion work
+on 4 KiB pages, and move_pages(2) on a huge page would move 512 of them at once.
 Prints one JSON line: a list of devices with memdev, host bridge bus number,
 region, HPA base, DPA base, size and NUMA node.
 """
@@ -20,6 +22,7 @@ from typing import Any
 
 CXL = "/sys/bus/cxl/devices"
 MODULES = ("cxl_acpi", "cxl_pci", "cxl_mem", "dax_cxl", "device_dax", "kmem")
+THP = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
 def read(path: str) -> str:
@@ -69,6 +72,9 @@ def node_blocks(node: int) -> int:
 
 def main() -> None:
     expected = int(sys.argv[1])
+    if os.path.exists(THP):
+        with open(THP, "w") as f:
+            f.write("never")
     subprocess.run(["modprobe", "-a", *MODULES], check=True)
     wait_for(lambda: memdevs_ready(expected), f"{expected} CXL memdevs")
     devices: list[dict[str, Any]] = []

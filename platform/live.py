@@ -34,6 +34,7 @@ from cxlssd.errors import ConfigError, FirmwareError
 from cxlssd.firmware.profile import Profile, load_profile, parse_override
 from cxlssd.guest.runtime.install import with_guest_env
 from cxlssd.lifecycle import Lifecycle, describe_exit
+from cxlssd.platform.config import format_size
 from cxlssd.platform.plugin.ring import ATTACHED, RequestRing, RingError
 
 if TYPE_CHECKING:
@@ -201,6 +202,14 @@ class LiveSession(Lifecycle):
             self.overrides.insert(0, f"device.capacity_bytes={device.size_bytes}")
         self.profile: Profile = load_profile(design, self.overrides)  # bad names fail before anything starts
         self.dram_only = self.profile["kind"] == "dram-only"
+        self.promotes = bool(self.profile["migration.enabled"]) and not self.dram_only
+        budget, dram = self.profile["migration.host_capacity_bytes"], platform.config.guest.dram_bytes
+        if self.promotes and budget > dram:
+            raise ConfigError(
+                f"migration.host_capacity_bytes ({format_size(budget)}) is larger than the guest's DRAM "
+                f"(node 0: {format_size(dram)} in {platform.config.source}): promoted pages live there; "
+                f"lower it (--set migration.host_capacity_bytes=256MiB) or give the guest more DRAM"
+            )
         self._firmware: FirmwareProcess | None = None
 
     def _begin(self) -> None:
@@ -255,9 +264,12 @@ class LiveSession(Lifecycle):
         check: bool = False,
     ) -> tuple[int, bytes, bytes]:
         """Run ``argv`` in the guest for this session: the guest runtime on its
-        PATH, its memory bound to :attr:`node` (unless ``bind`` is False), and
+        PATH, its memory bound to :attr:`node` (unless ``bind`` is False), under
+        the promotion daemon if the design promotes pages (docs/host-os.md), and
         stopped with the cause if the firmware or QEMU dies (:meth:`check`)."""
         bound = ["numactl", f"--membind={self.node}", *argv] if bind else list(argv)
+        if self.promotes:
+            bound = ["cxlssd-promote", "--", *bound]
         return self.platform.guest().run(
             with_guest_env(bound), stdout=stdout, stderr=stderr, check=check, watch=self.check
         )

@@ -55,6 +55,7 @@ FIRST_CXL_BUS, CXL_BUS_STRIDE = 12, 8
 SHUTDOWN_TIMEOUT_S = 15.0
 SERIAL_TAIL_LINES = 25
 KEEP_LOG_DIRS = 20
+PRUNE_AFTER_S = 3600  # only log dirs written to longer ago than this are pruned
 # A runtime dir without owner.pid younger than this is being created, not stale.
 OWNERLESS_GRACE_S = 60.0
 PR_SET_PDEATHSIG = 1
@@ -471,6 +472,11 @@ class Platform(Lifecycle):
         return f"last lines of the serial log ({self.serial_log}):\n{tail}"
 
     def _prune_logs(self) -> None:
-        logs = sorted(self.log_dir.parent.iterdir(), key=lambda p: p.stat().st_mtime)
+        def last_written(directory: Path) -> float:
+            return max((f.stat().st_mtime for f in directory.iterdir()), default=directory.stat().st_mtime)
+
+        logs = sorted(self.log_dir.parent.iterdir(), key=last_written)
+        stale = time.time() - PRUNE_AFTER_S  # a quiet, still running instance keeps its logs
         for old in logs[:-KEEP_LOG_DIRS]:
-            shutil.rmtree(old, ignore_errors=True)
+            if last_written(old) < stale:
+                shutil.rmtree(old, ignore_errors=True)

@@ -35,9 +35,14 @@ LIBRARY_SOURCE = "libcxlssd.c"
 CHASE_SOURCE = "chase.c"
 PYTHON_WRAPPER = "cxlssd_guest.py"
 # The workload suite: bin/NAME from ../workloads/NAME.c, which includes common.h.
-WORKLOADS = ("graph", "radix", "srad", "kvstore", "dlrm")
+WORKLOADS = ("graph", "radix", "srad", "kvstore", "dlrm", "randread", "tpcc", "offload")
 WORKLOAD_HEADER = f"{WORKLOAD_SOURCES}/common.h"
 LIBM = ("m",)
+# What a workload links besides libm: tpcc SQLite (libsqlite3-dev on the host; -lsqlite3 records
+# the soname libsqlite3.so.0, which the guest's newer libsqlite3-0 provides).
+WORKLOAD_LIBRARIES = {"tpcc": ("sqlite3",)}
+# The guest OS's promotion daemon (host_os/, docs/host-os.md).
+PROMOTER_SOURCE = "../../host_os/promoter.c"
 
 
 @dataclass(frozen=True)
@@ -60,9 +65,14 @@ STEPS = (
     CompileStep("lib/libcxlssd.so", (LIBRARY_SOURCE,), ("-shared", "-fPIC")),
     # chase takes runtime ROI ids: the library is compiled in, no libcxlssd.so needed.
     CompileStep("bin/chase", (CHASE_SOURCE, LIBRARY_SOURCE)),
+    CompileStep("bin/cxlssd-promote", (PROMOTER_SOURCE, LIBRARY_SOURCE)),
     # So do the workloads (--roi ID); they need libm.
     *(
-        CompileStep(f"bin/{name}", (workload_source(name), LIBRARY_SOURCE), libraries=LIBM)
+        CompileStep(
+            f"bin/{name}",
+            (workload_source(name), LIBRARY_SOURCE),
+            libraries=LIBM + WORKLOAD_LIBRARIES.get(name, ()),
+        )
         for name in WORKLOADS
     ),
 )
@@ -77,6 +87,7 @@ INPUTS = (
     PYTHON_WRAPPER,
     NETKV,
     WORKLOAD_HEADER,
+    PROMOTER_SOURCE,
     *(workload_source(name) for name in WORKLOADS),
 )
 EXECUTABLE_MODE = 0o755

@@ -25,6 +25,15 @@
 #define CXLSSD_CMD_ROI_BEGIN 1u
 #define CXLSSD_CMD_ROI_END 2u
 #define CXLSSD_CMD_CLOCK 3u
+#define CXLSSD_CMD_QUERY 4u          /* the next access is a long-delay query */
+#define CXLSSD_CMD_SWITCH 5u         /* the task runtime switched tasks */
+#define CXLSSD_CMD_RESUME 6u         /* a task resumes: its ticket in the pv slot's arg0 */
+#define CXLSSD_CMD_PROMOTED 7u       /* promotion reports of host_os/promoter: arg0 device */
+#define CXLSSD_CMD_DEMOTED 8u        /*   page, arg1 the page's physical address in RAM */
+#define CXLSSD_CMD_PROMOTE_FAILED 9u
+/* Features of the attached firmware's design (cxlssd_features()). */
+#define CXLSSD_FEATURE_CONTEXT_SWITCH 1u
+#define CXLSSD_FEATURE_PROMOTION 2u
 #define CXLSSD_MAX_CONST_ID 65535u
 /* cxlssd_roi_begin/end accept ids below this. */
 #define CXLSSD_RUNTIME_IDS 256u
@@ -72,6 +81,58 @@ int cxlssd_roi_end(unsigned id);
  * marker, read from the slot of sched_getcpu().
  */
 unsigned long long cxlssd_clock_ns(void);
+
+/*
+ * Opportunistic context switching (docs/guest-runtime.md). cxlssd_tasks_run runs
+ * `ntasks` tasks, fn(task, arg) for task = 0 .. ntasks-1, as coroutines on the
+ * calling thread and returns when all have returned (0, or -1 with errno). A task
+ * calls cxlssd_await(p) before it uses the data at p: when the attached design
+ * switches on long delays, the firmware is asked whether the load of p's line
+ * takes long; if it does, the runtime runs another task (the switch costs the
+ * design's switch_cost_ns of modelled time) and comes back to this one in the
+ * order of the design's scheduler (round-robin or earliest-ready), paying
+ * whatever of the latency the other tasks' work has not covered. Without such a
+ * design (or outside cxlssd_tasks_run, or with one task) it does nothing: the
+ * program's own load pays the full latency. Tasks must not block in the kernel
+ * (no mutex, no sleeping system call): they share one thread.
+ */
+typedef void (*cxlssd_task_fn)(unsigned task, void *arg);
+int cxlssd_tasks_run(unsigned ntasks, cxlssd_task_fn fn, void *arg);
+void cxlssd_await(const volatile void *p);
+/* Long delays this thread's tasks switched away from so far. */
+unsigned long long cxlssd_switches(void);
+
+/* CXLSSD_FEATURE_* of the attached firmware's design; 0 without one. */
+unsigned cxlssd_features(void);
+
+/*
+ * The host_os interface for programs that place their own data (docs/host-os.md):
+ * move the pages of [addr, addr + bytes) of the calling process that are on the CXL
+ * device to host DRAM (node 0), or those in DRAM back to the CXL node, with
+ * move_pages(2), and report each moved page to the firmware, so that its promotion
+ * tables stay true. Returns the pages moved, or -1 with errno. Needs root (the
+ * physical addresses come from /proc/self/pagemap).
+ */
+long cxlssd_promote(const void *addr, unsigned long bytes);
+long cxlssd_demote(const void *addr, unsigned long bytes);
+
+/*
+ * Wait (sleeping, at most timeout_ms of wall-clock time) until the promotion daemon has
+ * carried out every decision the firmware posted: a benchmark calls it between setting
+ * up its data and its ROI, so that moves decided during the set-up are not paid for
+ * inside the ROI. Returns at once without a design that promotes. 0 when settled, -1
+ * (errno ETIMEDOUT) when the time ran out.
+ */
+int cxlssd_settle(unsigned timeout_ms);
+
+/* For host_os/promoter: the pv page (NULL, errno set, if there is none), a report
+ * (CXLSSD_CMD_PROMOTED, _DEMOTED, _PROMOTE_FAILED) to the firmware (0, or -1 with
+ * errno), the CXL region's physical range (0, or -1) and the CXL memory's NUMA
+ * node (the first node without CPUs; -1 if none). */
+volatile unsigned long long *cxlssd_pv_page(void);
+int cxlssd_report(unsigned cmd, unsigned long long arg0, unsigned long long arg1);
+int cxlssd_cxl_range(unsigned long long *base, unsigned long long *bytes);
+int cxlssd_cxl_node(void);
 
 #ifdef __cplusplus
 }

@@ -13,8 +13,11 @@
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cxlssd.h"
@@ -51,12 +54,15 @@ _Static_assert(CXLSSD_RUNTIME_IDS == 256, "CASES_256 covers exactly the runtime 
 MARKER_FUNCTION(cxlssd_roi_begin, CXLSSD_CMD_ROI_BEGIN)
 MARKER_FUNCTION(cxlssd_roi_end, CXLSSD_CMD_ROI_END)
 
-/* ---- the modelled clock: the paravirtual page ------------------------------
+/* ---- the paravirtual page ---------------------------------------------------
  * The platform exposes one page as the BAR 2 of an ivshmem-plain device
  * (PCI 1af4:1110): a 64-byte header (u64 magic "CXLSSDPV", u32 version, u32
- * slots, u32 slot offset, u32 slot bytes), then one slot per vCPU: u64
- * clock_ns, u64 seq. The clock marker makes the plugin wait until the
- * firmware has written the vCPU's clock there. */
+ * slots, u32 slot offset, u32 slot bytes, u32 features, u32 scheduler, u32
+ * mailbox offset, u32 mailbox entries), then one slot per vCPU: u64 clock_ns,
+ * u64 seq, u64 query_ready_ns, u64 query_long, u64 query_ticket, u64 arg0, u64
+ * arg1 (platform/plugin/pv.py has the whole layout). The clock marker makes the
+ * plugin wait until the firmware has written the vCPU's clock there; a query
+ * marker, until it has answered the load that follows. */
 #define PV_MAGIC 0x56504453534c5843ULL
 #define PV_BYTES 4096u
 
@@ -98,7 +104,7 @@ static volatile uint64_t *map_pv_page(void)
         if (fd < 0) {
             continue;
         }
-        void *map = mmap(NULL, PV_BYTES, PROT_READ, MAP_SHARED, fd, 0);
+        void *map = mmap(NULL, PV_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         close(fd);
         if (map == MAP_FAILED) {
             continue;
@@ -113,21 +119,399 @@ static volatile uint64_t *map_pv_page(void)
     return found;
 }
 
-unsigned long long cxlssd_clock_ns(void)
+volatile unsigned long long *cxlssd_pv_page(void)
 {
     if (pv_page == NULL) {
         pv_page = map_pv_page();
         if (pv_page == NULL) {
             errno = ENODEV;
-            return 0;
         }
     }
-    CXLSSD_MARKER(CXLSSD_CMD_CLOCK, 0);
+    return (volatile unsigned long long *)pv_page;
+}
+
+/* The calling vCPU's slot (u64 words), or NULL with errno set. */
+static volatile uint64_t *pv_slot(void)
+{
+    if (cxlssd_pv_page() == NULL) {
+        return NULL;
+    }
     const volatile uint32_t *header = (const volatile uint32_t *)pv_page;
     unsigned cpu = (unsigned)sched_getcpu();
     if (cpu >= header[3]) {
         errno = ERANGE;
+        return NULL;
+    }
+    return pv_page + (header[4] + cpu * header[5]) / 8;
+}
+
+enum { SLOT_CLOCK, SLOT_SEQ, SLOT_QUERY_READY, SLOT_QUERY_LONG, SLOT_QUERY_TICKET, SLOT_ARG0, SLOT_ARG1 };
+
+unsigned long long cxlssd_clock_ns(void)
+{
+    if (cxlssd_pv_page() == NULL) {
         return 0;
     }
-    return pv_page[(header[4] + cpu * header[5]) / 8];
+    CXLSSD_MARKER(CXLSSD_CMD_CLOCK, 0);
+    volatile uint64_t *slot = pv_slot();
+    return slot == NULL ? 0 : slot[SLOT_CLOCK];
+}
+
+unsigned cxlssd_features(void)
+{
+    if (cxlssd_pv_page() == NULL) {
+        return 0;
+    }
+    return ((const volatile uint32_t *)pv_page)[6];
+}
+
+static unsigned scheduler_number(void)
+{
+    return pv_page == NULL ? 0 : ((const volatile uint32_t *)pv_page)[7];
+}
+
+int cxlssd_report(unsigned cmd, unsigned long long arg0, unsigned long long arg1)
+{
+    volatile uint64_t *slot = pv_slot();
+    if (slot == NULL) {
+        return -1;
+    }
+    slot[SLOT_ARG0] = arg0;
+    slot[SLOT_ARG1] = arg1;
+    switch (cmd) {
+    case CXLSSD_CMD_PROMOTED:
+        CXLSSD_MARKER(CXLSSD_CMD_PROMOTED, 0);
+        return 0;
+    case CXLSSD_CMD_DEMOTED:
+        CXLSSD_MARKER(CXLSSD_CMD_DEMOTED, 0);
+        return 0;
+    case CXLSSD_CMD_PROMOTE_FAILED:
+        CXLSSD_MARKER(CXLSSD_CMD_PROMOTE_FAILED, 0);
+        return 0;
+    default:
+        errno = EINVAL;
+        return -1;
+    }
+}
+
+/* ---- the host_os interface: page placement -------------------------------- */
+
+/* The host physical address of device address 0 and the device's size: the
+ * lowest CXL region (one device, one region: DPA = HPA - base). */
+int cxlssd_cxl_range(unsigned long long *base, unsigned long long *bytes)
+{
+    const char *root = "/sys/bus/cxl/devices";
+    DIR *dir = opendir(root);
+    if (dir == NULL) {
+        return -1;
+    }
+    int found = -1;
+    struct dirent *entry;
+    while ((entry = readdir(dir)) != NULL) {
+        if (strncmp(entry->d_name, "region", 6) != 0) {
+            continue;
+        }
+        char path[300];
+        unsigned long long start = 0, size = 0;
+        snprintf(path, sizeof path, "%s/%s/resource", root, entry->d_name);
+        FILE *f = fopen(path, "r");
+        int ok = f != NULL && fscanf(f, "%llx", &start) == 1;
+        if (f != NULL) {
+            fclose(f);
+        }
+        snprintf(path, sizeof path, "%s/%s/size", root, entry->d_name);
+        f = fopen(path, "r");
+        ok = ok && f != NULL && fscanf(f, "%llx", &size) == 1 && size > 0;
+        if (f != NULL) {
+            fclose(f);
+        }
+        if (ok && (found != 0 || start < *base)) {
+            *base = start;
+            *bytes = size;
+            found = 0;
+        }
+    }
+    closedir(dir);
+    if (found != 0) {
+        errno = ENODEV;
+    }
+    return found;
+}
+
+int cxlssd_cxl_node(void)
+{
+    for (int node = 1; node < 64; node++) {
+        char path[80], cpus[16] = "";
+        snprintf(path, sizeof path, "/sys/devices/system/node/node%d/cpulist", node);
+        FILE *f = fopen(path, "r");
+        if (f == NULL) {
+            continue;
+        }
+        int empty = fgets(cpus, sizeof cpus, f) == NULL || cpus[0] == '\n';
+        fclose(f);
+        if (empty) {
+            return node;
+        }
+    }
+    return -1;
+}
+
+#define PFN_MASK ((1ull << 55) - 1)
+#define PAGE_PRESENT (1ull << 63)
+#define MPOL_MF_MOVE (1 << 1)
+#define MOVE_BATCH 256u
+
+/* Move the present pages of the range that are (to_dram) / are not (!to_dram) in the
+ * CXL range, reporting each moved one; the pages moved, or -1. */
+static long move_range(const void *addr, unsigned long bytes, int to_dram)
+{
+    unsigned long long base, size;
+    const int node = to_dram ? 0 : cxlssd_cxl_node();
+    if (cxlssd_cxl_range(&base, &size) != 0 || node < 0) {
+        errno = ENODEV;
+        return -1;
+    }
+    int pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    if (pagemap < 0) {
+        return -1;
+    }
+    long moved = 0;
+    uintptr_t first = (uintptr_t)addr & ~4095ul, end = ((uintptr_t)addr + bytes + 4095) & ~4095ul;
+    for (uintptr_t at = first; at < end;) {
+        uint64_t entries[MOVE_BATCH], pfns[MOVE_BATCH];
+        void *pages[MOVE_BATCH];
+        int nodes[MOVE_BATCH], status[MOVE_BATCH];
+        unsigned n = (unsigned)((end - at) >> 12 < MOVE_BATCH ? (end - at) >> 12 : MOVE_BATCH), k = 0;
+        if (pread(pagemap, entries, n * 8, (off_t)(at >> 12) * 8) != (ssize_t)(n * 8)) {
+            close(pagemap);
+            return -1;
+        }
+        for (unsigned i = 0; i < n; i++) {
+            uint64_t pa = (entries[i] & PFN_MASK) << 12;
+            int on_device = pa >= base && pa < base + size;
+            if (!(entries[i] & PAGE_PRESENT) || on_device != to_dram) {
+                continue; /* not present (never touched), or already where it should be */
+            }
+            pages[k] = (void *)(at + ((uintptr_t)i << 12));
+            pfns[k] = entries[i] & PFN_MASK;
+            nodes[k++] = node;
+        }
+        if (k > 0 && syscall(SYS_move_pages, 0, (unsigned long)k, pages, nodes, status, MPOL_MF_MOVE) < 0) {
+            close(pagemap);
+            return -1;
+        }
+        for (unsigned i = 0; i < k; i++) {
+            uint64_t entry = 0;
+            if (status[i] != node || pread(pagemap, &entry, 8, (off_t)((uintptr_t)pages[i] >> 12) * 8) != 8) {
+                continue; /* the kernel could not move it (busy, pinned): left where it was */
+            }
+            /* (a demotion lands on any free device page: the plugin reports the page's
+             * original one, which it knows from the promotion) */
+            uint64_t device_pa = to_dram ? pfns[i] << 12 : (entry & PFN_MASK) << 12;
+            uint64_t ram_pa = to_dram ? (entry & PFN_MASK) << 12 : pfns[i] << 12;
+            cxlssd_report(to_dram ? CXLSSD_CMD_PROMOTED : CXLSSD_CMD_DEMOTED, (device_pa - base) >> 12, ram_pa);
+            moved++;
+        }
+        at += (uintptr_t)n << 12;
+    }
+    close(pagemap);
+    return moved;
+}
+
+long cxlssd_promote(const void *addr, unsigned long bytes)
+{
+    return move_range(addr, bytes, 1);
+}
+
+long cxlssd_demote(const void *addr, unsigned long bytes)
+{
+    return move_range(addr, bytes, 0);
+}
+
+int cxlssd_settle(unsigned timeout_ms)
+{
+    if (!(cxlssd_features() & CXLSSD_FEATURE_PROMOTION)) {
+        return 0;
+    }
+    const volatile uint32_t *header = (const volatile uint32_t *)pv_page;
+    const volatile uint64_t *box = pv_page + header[8] / 8;
+    const struct timespec pause = {.tv_sec = 0, .tv_nsec = 1000000};
+    unsigned quiet = 0;
+    for (unsigned waited_ms = 0; waited_ms < timeout_ms; waited_ms++) {
+        /* empty twice in a row, 1 ms apart: nothing in flight either */
+        quiet = box[0] == box[1] ? quiet + 1 : 0;
+        if (quiet == 2) {
+            return 0;
+        }
+        nanosleep(&pause, NULL);
+    }
+    errno = ETIMEDOUT;
+    return -1;
+}
+
+/* ---- tasks: coroutines that switch on long delays ----------------------------
+ * A task switch is a stack switch: push the callee-saved registers, swap stack
+ * pointers, pop, return (System V x86-64: everything else is caller-saved). */
+__asm__(".text\n"
+        ".type cxlssd_stack_switch, @function\n"
+        "cxlssd_stack_switch:\n" /* (void **save_sp: rdi, void *load_sp: rsi) */
+        "    pushq %rbp\n    pushq %rbx\n    pushq %r12\n    pushq %r13\n    pushq %r14\n    pushq %r15\n"
+        "    movq %rsp, (%rdi)\n"
+        "    movq %rsi, %rsp\n"
+        "    popq %r15\n    popq %r14\n    popq %r13\n    popq %r12\n    popq %rbx\n    popq %rbp\n"
+        "    ret\n"
+        ".size cxlssd_stack_switch, .-cxlssd_stack_switch\n");
+void cxlssd_stack_switch(void **save_sp, void *load_sp);
+
+#define TASK_STACK_BYTES (256u << 10)
+#define SCHEDULER_ROUND_ROBIN 0u
+#define SCHEDULER_EARLIEST_READY 1u
+
+struct task {
+    void *sp;
+    uint64_t ready_ns; /* when its awaited data is there (0: runnable now) */
+    uint64_t ticket;   /* of the long delay it waits for, 0 if none */
+    int done;
+    void *stack;
+};
+
+static __thread struct {
+    struct task *tasks;
+    unsigned n, current, left;
+    void *main_sp;
+    cxlssd_task_fn fn;
+    void *arg;
+    int switching; /* the design switches on long delays */
+    unsigned scheduler;
+    unsigned long long switches;
+} T;
+
+unsigned long long cxlssd_switches(void)
+{
+    return T.switches;
+}
+
+/* The task to run next, other than the current one if any other can run;
+ * T.n if none is left. */
+static unsigned next_task(void)
+{
+    unsigned best = T.n;
+    for (unsigned k = 1; k <= T.n; k++) {
+        unsigned i = (T.current + k) % T.n;
+        if (T.tasks[i].done) {
+            continue;
+        }
+        if (T.scheduler == SCHEDULER_ROUND_ROBIN) {
+            return i;
+        }
+        if (best == T.n || T.tasks[i].ready_ns < T.tasks[best].ready_ns) {
+            best = i;
+        }
+    }
+    return best;
+}
+
+/* Leave the current task for `next` (the SWITCH marker charges the switch). */
+static void switch_to(unsigned next)
+{
+    unsigned from = T.current;
+    if (next == from) {
+        return;
+    }
+    T.current = next;
+    if (T.switching) {
+        CXLSSD_MARKER(CXLSSD_CMD_SWITCH, 0);
+    }
+    cxlssd_stack_switch(&T.tasks[from].sp, T.tasks[next].sp);
+}
+
+static void task_main(void)
+{
+    unsigned self = T.current;
+    T.fn(self, T.arg);
+    T.tasks[self].done = 1;
+    T.left--;
+    unsigned next = next_task();
+    if (next == T.n) {
+        cxlssd_stack_switch(&T.tasks[self].sp, T.main_sp);
+    }
+    switch_to(next);
+    abort(); /* a finished task is never switched back to */
+}
+
+int cxlssd_tasks_run(unsigned ntasks, cxlssd_task_fn fn, void *arg)
+{
+    if (ntasks == 0 || fn == NULL || T.tasks != NULL) {
+        errno = EINVAL; /* (also: a task may not start tasks of its own) */
+        return -1;
+    }
+    struct task *tasks = calloc(ntasks, sizeof *tasks);
+    if (tasks == NULL) {
+        return -1;
+    }
+    for (unsigned i = 0; i < ntasks; i++) {
+        uint8_t *stack = mmap(NULL, TASK_STACK_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (stack == MAP_FAILED) {
+            for (unsigned j = 0; j < i; j++) {
+                munmap(tasks[j].stack, TASK_STACK_BYTES);
+            }
+            free(tasks);
+            return -1;
+        }
+        tasks[i].stack = stack;
+        /* The first switch to it pops six zero registers and returns into
+         * task_main with the stack aligned as after a call. */
+        void **top = (void **)(stack + TASK_STACK_BYTES);
+        top[-1] = NULL;
+        top[-2] = (void *)task_main;
+        tasks[i].sp = top - 8;
+        memset(top - 8, 0, 6 * sizeof(void *));
+    }
+    unsigned features = cxlssd_features();
+    T.switching = ntasks > 1 && (features & CXLSSD_FEATURE_CONTEXT_SWITCH);
+    T.scheduler = scheduler_number();
+    T.tasks = tasks;
+    T.n = T.left = ntasks;
+    T.current = 0;
+    T.fn = fn;
+    T.arg = arg;
+    cxlssd_stack_switch(&T.main_sp, tasks[0].sp);
+    for (unsigned i = 0; i < ntasks; i++) {
+        munmap(tasks[i].stack, TASK_STACK_BYTES);
+    }
+    free(tasks);
+    T.tasks = NULL;
+    return 0;
+}
+
+void cxlssd_await(const volatile void *p)
+{
+    if (!T.switching || T.left < 2) {
+        return;
+    }
+    volatile uint64_t *slot = pv_slot();
+    if (slot == NULL) {
+        return;
+    }
+    /* The marker and the load in one asm statement: nothing may come between. */
+    unsigned value;
+    __asm__ volatile(".byte 0x0f,0x1f,0x84,0x00\n\t.long %c1\n\tmovzbl (%2), %0"
+                     : "=r"(value)
+                     : "i"(CXLSSD_MARKER_DISP(CXLSSD_CMD_QUERY, 0u)), "r"(p)
+                     : "memory");
+    (void)value;
+    if (!slot[SLOT_QUERY_LONG]) {
+        return;
+    }
+    struct task *self = &T.tasks[T.current];
+    self->ticket = slot[SLOT_QUERY_TICKET];
+    self->ready_ns = slot[SLOT_QUERY_READY];
+    T.switches++;
+    switch_to(next_task());
+    /* Running again (or never left: no other task could run). */
+    slot = pv_slot();
+    slot[SLOT_ARG0] = self->ticket;
+    CXLSSD_MARKER(CXLSSD_CMD_RESUME, 0);
+    self->ticket = 0;
+    self->ready_ns = 0;
 }

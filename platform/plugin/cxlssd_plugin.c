@@ -2,7 +2,8 @@
  * cxlssd TCG plugin: the platform's "hardware fast path" (DESIGN.md decision 2).
  *
  * It sees every guest load/store with its guest-physical address and
- *   - counts guest instructions per vCPU (inline scoreboard adds, no callback);
+ *   - counts guest instructions per vCPU (inline scoreboard adds, no callback; per
+ *     instruction while active, see on_tb_trans);
  *   - counts per vCPU all accesses, MMIO accesses, CXL loads and CXL stores;
  *     per CXL window loads, stores and distinct 64-byte lines touched;
  *   - runs every cacheable access (RAM and the CXL windows; other MMIO is
@@ -164,6 +165,11 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_version = CXLSSD_QEMU_PLUGIN_API_VERSION;
 #define OP_WRITE 1u
 #define OP_MARKER 4u
 #define FLAG_POSTED 2u
+#define FLAG_QUERY 4u /* a long-delay query: the plugin waits for the firmware's answer */
+#define FLAG_HOST 8u  /* an LLC miss on a promoted page, served by host DRAM (counted, not charged) */
+#define QUERY_NONE 0u
+#define QUERY_ARMED 1u
+#define QUERY_SENT 2u
 #define MODE_DORMANT 0u
 #define MODE_ACTIVE 1u
 /* Marker: nopl disp32(%rax,%rax,1) = 0f 1f 84 00 + disp32, disp32 = 0xC5 << 24 | cmd << 16 | id. */
@@ -172,8 +178,17 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_version = CXLSSD_QEMU_PLUGIN_API_VERSION;
 #define CMD_ROI_BEGIN 1u
 #define CMD_ROI_END 2u
 #define CMD_CLOCK 3u
+#define CMD_QUERY 4u    /* the next access is a long-delay query */
+#define CMD_SWITCH 5u   /* the guest runtime switched to another task */
+#define CMD_RESUME 6u   /* resumes the task of ticket arg0 */
+#define CMD_PROMOTED 7u /* device page arg0 now lives in RAM at arg1 */
+#define CMD_DEMOTED 8u  /* device page arg0 left RAM (it was at arg1) */
+#define CMD_PROMOTE_FAILED 9u /* device page arg0 could not be promoted */
+#define CMD_LAST CMD_PROMOTE_FAILED
 #define PV_MAGIC 0x56504453534c5843ULL /* "CXLSSDPV" */
-#define PV_VERSION 1u
+#define PV_VERSION 2u
+#define PV_MAILBOX_OFFSET 2048u /* firmware -> guest promotion decisions */
+#define PV_MAILBOX_HEADER 64u
 #define PV_HEADER_BYTES 64u
 #define PV_SLOT_BYTES 64u
 #define PV_MIN_BYTES 4096u
@@ -225,11 +240,16 @@ struct vcpu_slot {
 struct pv_header {
     uint64_t magic;
     uint32_t version, slots, slot_offset, slot_bytes;
-    uint64_t reserved[5];
+    uint32_t features, scheduler; /* written by the attached firmware */
+    uint32_t mailbox_offset, mailbox_entries;
+    uint64_t reserved[3];
 };
 
+/* Per vCPU. The guest writes arg0/arg1 before a marker that takes arguments. */
 struct pv_slot {
-    uint64_t clock_ns, seq, reserved[6];
+    uint64_t clock_ns, seq;                 /* the last clock read */
+    uint64_t query_ready_ns, query_long, query_ticket; /* the last long-delay query */
+    uint64_t arg0, arg1, reserved;
 };
 
 struct roi_event {
@@ -294,6 +314,11 @@ static struct {
     struct pv_slot *pv;   /* the paravirtual clock page's slots (NULL without pv=) */
     unsigned int n_pv;
     uint64_t *clock_seq;  /* per vCPU: clock reads so far */
+    uint64_t *query_seq;  /* per vCPU: queries sent to the firmware so far */
+    uint8_t *query_state; /* per vCPU: QUERY_NONE / ARMED (marker seen) / SENT */
+    /* Promoted pages: RAM page number -> device page + 1 (0: not promoted), grown on demand. */
+    uint32_t *promoted;
+    uint64_t promoted_cap, n_promoted;
 
     /* Windows taken over from the table; only grows, under `lock`. The hot
      * path reads `n_known` (acquire) and then windows[0 .. n_known). */
@@ -565,8 +590,27 @@ static void device_request(unsigned int vcpu, struct vcpu_slot *s, const struct 
         BUMP(&s->dev_dropped);
         return;
     }
-    ring_publish(rec, now_ps, (line << LINE_SHIFT) - w->base + w->dpa_base, vcpu, LINE_BYTES, op,
-                 op == OP_WRITE ? FLAG_POSTED : 0);
+    uint8_t flags = op == OP_WRITE ? FLAG_POSTED : 0;
+    if (op == OP_READ && P.query_state != NULL && P.query_state[vcpu] == QUERY_ARMED) {
+        flags = FLAG_QUERY;
+        P.query_state[vcpu] = QUERY_SENT;
+    }
+    ring_publish(rec, now_ps, (line << LINE_SHIFT) - w->base + w->dpa_base, vcpu, LINE_BYTES, op, flags);
+}
+
+/* An LLC miss on a promoted page: DRAM serves it (the local clock already has
+ * the DRAM latency); the firmware counts it for its promotion policy. */
+static inline void host_request(unsigned int vcpu, uint64_t line, int store, uint64_t now_ps)
+{
+    uint64_t pfn = line >> (12 - LINE_SHIFT);
+    if (P.ring == NULL || pfn >= P.promoted_cap || P.promoted[pfn] == 0) {
+        return;
+    }
+    struct request *rec = ring_slot();
+    if (rec != NULL) {
+        uint64_t addr = (uint64_t)(P.promoted[pfn] - 1) << 12 | (line << LINE_SHIFT & 0xfffu);
+        ring_publish(rec, now_ps, addr, vcpu, LINE_BYTES, store ? OP_WRITE : OP_READ, FLAG_HOST | FLAG_POSTED);
+    }
 }
 
 /* ---- LLC ------------------------------------------------------------------- */
@@ -604,6 +648,9 @@ static void llc_access(unsigned int vcpu, struct vcpu_slot *s, uint64_t line, in
         device_request(vcpu, s, w, line, OP_READ, now_ps); /* fill (read for ownership on a store) */
     } else {
         STORE_RELAXED(&s->local_ps, now_ps + P.dram_ps); /* blocking read from DRAM */
+        if (P.n_promoted) {
+            host_request(vcpu, line, store, now_ps);
+        }
     }
     if (victim & 1) {
         uint64_t vline = (victim >> 1) - 1;
@@ -635,12 +682,8 @@ static void llc_unlock(void)
  * lookup, a few counter stores, one range compare and (usually) one tag
  * compare at the MRU way of its LLC set. CXL accesses are MMIO in QEMU 10.0
  * and already cost ~0.5 us each in QEMU, so their extra work here is noise. */
-static void on_mem(unsigned int vcpu, qemu_plugin_meminfo_t info, uint64_t vaddr, void *userdata)
+static inline void mem_access(unsigned int vcpu, qemu_plugin_meminfo_t info, uint64_t vaddr)
 {
-    (void)userdata;
-    if (__builtin_expect(vcpu >= P.n_vslots, 0)) {
-        return;
-    }
     struct vcpu_slot *s = &P.vslots[vcpu];
     BUMP(&s->mem_accesses);
     /* Keeps the live instruction count current for readers of the shm file:
@@ -699,13 +742,32 @@ static void on_mem(unsigned int vcpu, qemu_plugin_meminfo_t info, uint64_t vaddr
             BUMP(&s->llc_misses[lw != NULL]);
             if (lw != NULL) {
                 device_request(vcpu, s, lw, l, store ? OP_WRITE : OP_READ, now_ps);
-            } else if (!store) {
-                STORE_RELAXED(&s->local_ps, now_ps + P.dram_ps);
+            } else {
+                if (!store) {
+                    STORE_RELAXED(&s->local_ps, now_ps + P.dram_ps);
+                }
+                if (P.n_promoted) {
+                    host_request(vcpu, l, store, now_ps);
+                }
             }
         }
     }
     if (P.shared) {
         llc_unlock();
+    }
+}
+
+static void answer_query(unsigned int vcpu);
+
+static void on_mem(unsigned int vcpu, qemu_plugin_meminfo_t info, uint64_t vaddr, void *userdata)
+{
+    (void)userdata;
+    if (__builtin_expect(vcpu >= P.n_vslots, 0)) {
+        return;
+    }
+    mem_access(vcpu, info, vaddr);
+    if (__builtin_expect(P.query_state != NULL && P.query_state[vcpu] != QUERY_NONE, 0)) {
+        answer_query(vcpu);
     }
 }
 
@@ -722,7 +784,101 @@ static uint32_t marker_code(const struct qemu_plugin_insn *insn)
         return 0;
     }
     uint32_t cmd = b[6];
-    return cmd == CMD_ROI_BEGIN || cmd == CMD_ROI_END || cmd == CMD_CLOCK ? cmd << 16 | b[5] << 8 | b[4] : 0;
+    return cmd >= CMD_ROI_BEGIN && cmd <= CMD_LAST ? cmd << 16 | b[5] << 8 | b[4] : 0;
+}
+
+/* Wait until the firmware stores `seq` at `answer`; 0 if it was lost meanwhile. */
+static int await_answer(const uint64_t *answer, uint64_t seq)
+{
+    uint64_t start = now_ns(), spins = 0;
+    while (__atomic_load_n(answer, __ATOMIC_ACQUIRE) != seq) {
+        if (++spins < 1024) {
+            __builtin_ia32_pause();
+        } else if (consumer_lost(start, spins)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The access after a query marker has happened: if it went to the device, wait
+ * for the firmware's answer (long delay or not, ready time, ticket); if it did
+ * not (an LLC hit, RAM: a promoted page), the data is there: not long. */
+static void answer_query(unsigned int vcpu)
+{
+    struct pv_slot *slot = &P.pv[vcpu];
+    int sent = P.query_state[vcpu] == QUERY_SENT;
+    P.query_state[vcpu] = QUERY_NONE;
+    if (sent) {
+        uint64_t ticket = ++P.query_seq[vcpu];
+        if (await_answer(&slot->query_ticket, ticket)) {
+            return;
+        }
+    }
+    STORE_RELAXED(&slot->query_long, 0);
+    STORE_RELAXED(&slot->query_ready_ns, 0);
+}
+
+/* Record (or forget) that device page `page` lives in RAM at `ram_pa`. */
+static void set_promoted(uint64_t ram_pa, uint64_t page, int promoted)
+{
+    uint64_t pfn = ram_pa >> 12;
+    if (page >= UINT32_MAX || pfn >= (1ULL << 40 >> 12)) {
+        return; /* not a page of any plausible guest: ignored */
+    }
+    if (pfn >= P.promoted_cap) {
+        if (!promoted) {
+            return;
+        }
+        uint64_t cap = P.promoted_cap ? P.promoted_cap : 1u << 16;
+        while (cap <= pfn) {
+            cap *= 2;
+        }
+        uint32_t *grown = realloc(P.promoted, cap * sizeof *grown);
+        if (grown == NULL) {
+            return;
+        }
+        memset(grown + P.promoted_cap, 0, (cap - P.promoted_cap) * sizeof *grown);
+        P.promoted = grown;
+        P.promoted_cap = cap;
+    }
+    uint32_t was = P.promoted[pfn];
+    P.promoted[pfn] = promoted ? (uint32_t)page + 1 : 0;
+    P.n_promoted += (uint64_t)(promoted && !was) - (uint64_t)(!promoted && was);
+}
+
+/* The run-time markers (query, switch, resume, promotion reports): arguments
+ * from the vCPU's pv slot; a record in the ring so the firmware sees them in
+ * stream order. Not ROI events. */
+static void runtime_marker(unsigned int vcpu, uint32_t cmd, uint64_t now_ps)
+{
+    if (vcpu >= P.n_pv) {
+        return;
+    }
+    struct pv_slot *slot = &P.pv[vcpu];
+    if (cmd == CMD_QUERY) {
+        P.query_state[vcpu] = QUERY_ARMED;
+        return;
+    }
+    uint64_t arg0 = LOAD_RELAXED(&slot->arg0), arg1 = LOAD_RELAXED(&slot->arg1);
+    if (P.shared) {
+        llc_lock();
+    }
+    if (cmd == CMD_DEMOTED && arg1 >> 12 < P.promoted_cap && P.promoted[arg1 >> 12] != 0) {
+        arg0 = P.promoted[arg1 >> 12] - 1; /* the device page it was promoted from */
+    }
+    if (cmd == CMD_PROMOTED || cmd == CMD_DEMOTED) {
+        set_promoted(arg1, arg0, cmd == CMD_PROMOTED);
+    }
+    if (P.ring != NULL) {
+        struct request *rec = ring_slot();
+        if (rec != NULL) {
+            ring_publish(rec, now_ps, arg0, vcpu, 0, OP_MARKER, (uint8_t)cmd);
+        }
+    }
+    if (P.shared) {
+        llc_unlock();
+    }
 }
 
 /* A clock read: queue it, then wait until the firmware has served the ring up
@@ -748,16 +904,8 @@ static void clock_read(unsigned int vcpu, uint64_t now_ps)
             llc_unlock();
         }
     }
-    if (rec != NULL) {
-        uint64_t start = now_ns(), spins = 0;
-        while (__atomic_load_n(&slot->seq, __ATOMIC_ACQUIRE) != seq) {
-            if (++spins < 1024) {
-                __builtin_ia32_pause();
-            } else if (consumer_lost(start, spins)) {
-                rec = NULL;
-                break;
-            }
-        }
+    if (rec != NULL && !await_answer(&slot->seq, seq)) {
+        rec = NULL;
     }
     if (rec == NULL) {
         STORE_RELAXED(&slot->clock_ns, 0);
@@ -774,6 +922,8 @@ static void on_marker(unsigned int vcpu, void *userdata)
         __atomic_fetch_add(&P.hdr->markers_ignored, 1, __ATOMIC_RELAXED);
         if (code >> 16 == CMD_CLOCK) {
             clock_read(vcpu, 0); /* answers 0 at once: no modelled clock while dormant */
+        } else if (code >> 16 == CMD_QUERY && vcpu < P.n_pv) {
+            STORE_RELAXED(&P.pv[vcpu].query_long, 0); /* no firmware: never a long delay */
         }
         return;
     }
@@ -783,6 +933,10 @@ static void on_marker(unsigned int vcpu, void *userdata)
     if (code >> 16 == CMD_CLOCK) {
         /* Not an ROI event; with several vCPUs the clock only needs this vCPU's slot. */
         clock_read(vcpu, clock_at(vcpu, s, insns));
+        return;
+    }
+    if (code >> 16 > CMD_CLOCK) {
+        runtime_marker(vcpu, code >> 16, clock_at(vcpu, s, insns));
         return;
     }
     if (P.shared) {
@@ -834,6 +988,15 @@ static void after_reset(qemu_plugin_id_t id)
             for (unsigned int i = 0; i < P.n_vslots; i++) {
                 P.last_insns[i] = qemu_plugin_u64_get(P.insns, i);
             }
+            /* A new run starts with a new firmware: its tickets count from 1 and
+             * it knows of no promoted page. */
+            if (P.query_seq != NULL) {
+                memset(P.query_seq, 0, P.n_pv * sizeof *P.query_seq);
+            }
+            if (P.promoted != NULL) {
+                memset(P.promoted, 0, P.promoted_cap * sizeof *P.promoted);
+                P.n_promoted = 0;
+            }
             /* A new run may have a new firmware: give it a chance again. */
             if (P.ring != NULL && P.ring_given_up) {
                 P.ring_given_up = 0;
@@ -869,11 +1032,20 @@ static void on_tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     (void)id;
     poll_requests();
     size_t n = qemu_plugin_tb_n_insns(tb);
-    /* One inline add per block (counted on block entry; a block left early by
-     * an exception over-counts its tail, as QEMU's own insn counter does). */
-    qemu_plugin_register_vcpu_tb_exec_inline_per_vcpu(tb, QEMU_PLUGIN_INLINE_ADD_U64, P.insns, n);
+    /* Dormant: one inline add per block, counted on block entry (cheap; a block left
+     * early over-counts its tail). Active: one per instruction, exact. An MMIO access
+     * that is not its block's last instruction, as a CXL access mid-block is, makes
+     * QEMU 10 leave the block there and run that instruction alone, instrumented for
+     * memory only (cpu_io_recompile, CF_MEMI_ONLY), then go on in a new block: a
+     * per-block count would count the rest of the block twice, every time. */
+    if (!P.active) {
+        qemu_plugin_register_vcpu_tb_exec_inline_per_vcpu(tb, QEMU_PLUGIN_INLINE_ADD_U64, P.insns, n);
+    }
     for (size_t i = 0; i < n; i++) {
         struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
+        if (P.active) {
+            qemu_plugin_register_vcpu_insn_exec_inline_per_vcpu(insn, QEMU_PLUGIN_INLINE_ADD_U64, P.insns, 1);
+        }
         uint32_t code = marker_code(insn);
         if (code != 0) {
             qemu_plugin_register_vcpu_insn_exec_cb(insn, on_marker, QEMU_PLUGIN_CB_NO_REGS,
@@ -1149,11 +1321,13 @@ static int setup_pv(const char *path, unsigned int vcpu_slots)
         fprintf(stderr, "cxlssd plugin: cannot map pv file %s: %s\n", path, strerror(errno));
         return -1;
     }
-    unsigned int fit = (unsigned int)((bytes - PV_HEADER_BYTES) / PV_SLOT_BYTES);
+    unsigned int fit = (unsigned int)((PV_MAILBOX_OFFSET - PV_HEADER_BYTES) / PV_SLOT_BYTES);
     P.n_pv = vcpu_slots < fit ? vcpu_slots : fit;
     P.pv = (struct pv_slot *)(map + PV_HEADER_BYTES);
     P.clock_seq = calloc(P.n_pv ? P.n_pv : 1, sizeof *P.clock_seq);
-    if (P.clock_seq == NULL) {
+    P.query_seq = calloc(P.n_pv ? P.n_pv : 1, sizeof *P.query_seq);
+    P.query_state = calloc(P.n_vslots > P.n_pv ? P.n_vslots : P.n_pv ? P.n_pv : 1, 1);
+    if (P.clock_seq == NULL || P.query_seq == NULL || P.query_state == NULL) {
         return bad_arg("pv", "out of memory");
     }
     struct pv_header *h = (struct pv_header *)map;
@@ -1161,6 +1335,8 @@ static int setup_pv(const char *path, unsigned int vcpu_slots)
     h->slots = P.n_pv;
     h->slot_offset = PV_HEADER_BYTES;
     h->slot_bytes = PV_SLOT_BYTES;
+    h->mailbox_offset = PV_MAILBOX_OFFSET;
+    h->mailbox_entries = (uint32_t)((bytes < 4096 ? bytes : 4096) - PV_MAILBOX_OFFSET - PV_MAILBOX_HEADER) / 8;
     __atomic_store_n(&h->magic, PV_MAGIC, __ATOMIC_RELEASE);
     return 0;
 }

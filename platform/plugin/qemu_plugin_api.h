@@ -115,6 +115,9 @@ struct qemu_plugin_insn *qemu_plugin_tb_get_insn(const struct qemu_plugin_tb *tb
 void qemu_plugin_register_vcpu_tb_exec_inline_per_vcpu(struct qemu_plugin_tb *tb,
                                                        enum qemu_plugin_op op,
                                                        qemu_plugin_u64 entry, uint64_t imm);
+void qemu_plugin_register_vcpu_insn_exec_inline_per_vcpu(struct qemu_plugin_insn *insn,
+                                                         enum qemu_plugin_op op,
+                                                         qemu_plugin_u64 entry, uint64_t imm);
 /* Copies up to len bytes of the instruction's encoding; returns how many. */
 size_t qemu_plugin_insn_data(const struct qemu_plugin_insn *insn, void *dest, size_t len);
 size_t qemu_plugin_insn_size(const struct qemu_plugin_insn *insn);

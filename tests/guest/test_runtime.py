@@ -39,13 +39,15 @@ def runtime() -> Path:
 
 @pytest.fixture
 def sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private copy of the runtime's sources (and the workloads' next to them), built
-    into a private cache."""
+    """A private copy of the runtime's sources (and the workloads' and the promotion
+    daemon's next to them), built into a private cache."""
     monkeypatch.setenv("CXLSSD_CACHE", str(tmp_path / "cache"))
     copy = tmp_path / "guest" / "runtime"
     ignore = shutil.ignore_patterns("__pycache__")
     shutil.copytree(build.SOURCE_DIR, copy, ignore=ignore)
     shutil.copytree(build.SOURCE_DIR / build.WORKLOAD_SOURCES, copy / build.WORKLOAD_SOURCES, ignore=ignore)
+    (copy / build.PROMOTER_SOURCE).parent.mkdir()
+    shutil.copyfile(build.SOURCE_DIR / build.PROMOTER_SOURCE, copy / build.PROMOTER_SOURCE)
     monkeypatch.setattr(build, "SOURCE_DIR", copy)
     return copy
 
@@ -350,8 +352,8 @@ def test_install_copies_the_tree_with_its_modes(
         files = sorted(str(p.relative_to(installed)) for p in installed.rglob("*") if p.is_file())
         workloads = [f"bin/{name}" for name in build.WORKLOADS]
         assert files == sorted(
-            ["bin/chase", *workloads, "include/cxlssd.h", "lib/libcxlssd.so", "python/cxlssd_guest.py",
-             "python/netkv.py"]
+            ["bin/chase", "bin/cxlssd-promote", *workloads, "include/cxlssd.h", "lib/libcxlssd.so",
+             "python/cxlssd_guest.py", "python/netkv.py"]
         )
         for name in files:
             assert (installed / name).read_bytes() == (runtime / name).read_bytes()

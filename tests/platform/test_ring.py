@@ -179,7 +179,7 @@ def test_live_driver_serves_records_and_replays_identically(tmp_path: Path) -> N
     assert reader.metadata["test"] == "synthetic" and reader.metadata["source"] == "live"
     assert np.array_equal(reader.read_all(), stream)
     replayed = replay_file(trace, profile)
-    assert replayed["counters"] == live.counter_dict()
+    assert replayed["counters"] == driver.server.device_counters()
 
 
 def test_live_driver_reports_a_bad_record_on_stop(tmp_path: Path) -> None:
@@ -260,7 +260,7 @@ def test_seabios_requests_flow_through_llc_ring_and_firmware(
     assert ((records["addr"] >= DPA_BASE) & (records["addr"] < DPA_BASE + LOW_MEMORY)).all()
     assert (records["addr"] % 64 == 0).all() and (records["size"] == 64).all()
     assert (np.diff(records["time_ns"].astype(np.int64)) >= 0).all()  # one vCPU: in order
-    assert replay_file(trace, profile)["counters"] == live.counter_dict()
+    assert replay_file(trace, profile)["counters"] == driver.server.device_counters()
 
 
 def test_without_llc_every_window_access_is_a_request(

@@ -1,0 +1,126 @@
+"""Opportunistic context switching in a live run: the firmware's side of the protocol.
+
+In a replay the controller's :class:`~.context_switch.ContextSwitchPolicy` hides a
+long delay at once (it assumes the OS always has another thread). In a live run the
+guest really switches, so a long delay is hidden only by work the guest actually
+ran meanwhile. The guest runtime (``guest/runtime``, docs/guest-runtime.md) asks:
+a *query* (a device read flagged by the plugin) gets the answer "long delay, data
+ready at t, ticket k" or "not long"; then
+
+* the runtime switches to another task (a SWITCH marker): the vCPU is charged the
+  switch cost, and the read's latency is parked under its ticket;
+* when the task runs again (a RESUME marker naming the ticket) the vCPU is charged
+  whatever of the latency is still left: ``max(0, ready - now)``;
+* if the vCPU's next marker after a long-delay answer is anything but a SWITCH
+  (the program ignored the flag, or had no other task), the full latency is charged.
+
+Every SWITCH costs ``switch_cost_ns``, also the ones that do not follow a long delay
+(a task that finished). The queried read was first charged in full by the
+controller; a long-delay answer takes that back until it is settled.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+
+from cxlssd.firmware.context_switch import ContextSwitchPolicy, NeverSwitch
+from cxlssd.firmware.controller import Controller
+
+log = logging.getLogger(__name__)
+
+CMD_SWITCH, CMD_RESUME = 5, 6
+
+
+@dataclass
+class SwitchCounters:
+    queries: int = 0
+    long_delays: int = 0  # answered "long delay"
+    switches: int = 0  # SWITCH markers (each charged the switch cost)
+    resumes: int = 0  # parked long delays whose task ran again
+    ignored: int = 0  # long delays the vCPU did not switch away from: charged in full
+    hidden_ns: int = 0  # latency that other tasks' work covered
+    residual_wait_ns: int = 0  # latency still left when the task resumed
+    switch_cost_ns: int = 0
+
+
+@dataclass
+class _LongDelay:
+    ticket: int
+    ready_ns: int
+    latency_ns: int
+
+
+class LiveContextSwitch:
+    """Answers queries and settles long delays per vCPU (see the module doc)."""
+
+    def __init__(self, controller: Controller, policy: ContextSwitchPolicy) -> None:
+        self.controller = controller
+        self.policy = policy
+        self.counters = SwitchCounters()
+        self._tickets: dict[int, int] = {}  # vCPU -> queries so far
+        self._pending: dict[int, _LongDelay] = {}  # vCPU -> unsettled long-delay answer
+        self._parked: dict[tuple[int, int], _LongDelay] = {}  # (vCPU, ticket) -> parked
+
+    def query(self, vcpu: int, start_ns: int, latency_ns: int) -> tuple[int, bool, int]:
+        """A queried read (already served and charged in full): (ticket, long, ready_ns)."""
+        self.settle(vcpu, switched=False)
+        ticket = self._tickets.get(vcpu, 0) + 1
+        self._tickets[vcpu] = ticket
+        self.counters.queries += 1
+        if not self.policy.long_delay(latency_ns):
+            return ticket, False, 0
+        self.counters.long_delays += 1
+        self.controller.charge_stall(vcpu, -latency_ns)
+        ready_ns = start_ns + latency_ns
+        self._pending[vcpu] = _LongDelay(ticket, ready_ns, latency_ns)
+        return ticket, True, ready_ns
+
+    def settle(self, vcpu: int, switched: bool) -> None:
+        """The vCPU's next event after a long-delay answer: parked if it switched away,
+        else charged in full."""
+        pending = self._pending.pop(vcpu, None)
+        if pending is None:
+            return
+        if switched:
+            self._parked[(vcpu, pending.ticket)] = pending
+        else:
+            self.counters.ignored += 1
+            self.controller.charge_stall(vcpu, pending.latency_ns)
+
+    def marker(self, vcpu: int, cmd: int, arg: int, local_ns: int) -> None:
+        """A marker of ``vcpu`` at its local clock ``local_ns`` (any command)."""
+        if cmd == CMD_SWITCH:
+            self.settle(vcpu, switched=True)
+            self.counters.switches += 1
+            self.counters.switch_cost_ns += self.policy.switch_cost_ns
+            self.controller.charge_stall(vcpu, self.policy.switch_cost_ns)
+            return
+        self.settle(vcpu, switched=False)
+        if cmd != CMD_RESUME:
+            return
+        parked = self._parked.pop((vcpu, arg), None)
+        if parked is None:
+            return  # settled already (the task never left the vCPU), or not a long delay
+        now_ns = local_ns + self.controller.vcpu_stall_ns(vcpu)
+        wait_ns = max(0, parked.ready_ns - now_ns)
+        self.controller.charge_stall(vcpu, wait_ns)
+        self.counters.resumes += 1
+        self.counters.residual_wait_ns += wait_ns
+        self.counters.hidden_ns += parked.latency_ns - wait_ns
+
+    def counter_dict(self) -> dict[str, int]:
+        return {**asdict(self.counters), "parked": len(self._parked)}
+
+
+def guest_driven(controller: Controller) -> LiveContextSwitch:
+    """Make ``controller`` the firmware of a stream in which the guest carries out
+    context switches and promotions (a live run, or its trace): the controller
+    hides no long delay by itself and applies no promotion it decides. Returns
+    the switching that settles the design's long delays."""
+    policy = controller.context_switch
+    controller.context_switch = NeverSwitch()
+    # (also without a migration policy: a program may move its own pages, cxlssd_promote)
+    controller.auto_apply = False
+    controller.host_managed = True
+    return LiveContextSwitch(controller, policy)

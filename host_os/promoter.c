@@ -1,0 +1,342 @@
+/*
+ * cxlssd-promote - the guest OS's side of adaptive page promotion (docs/host-os.md).
+ *
+ *     cxlssd-promote [--interval-us N] -- COMMAND [ARG...]
+ *
+ * Runs COMMAND as a child and, while it runs, carries out the attached firmware's
+ * promotion decisions on the child's pages: the firmware posts "promote device page P"
+ * and "demote device page P" into the mailbox of the paravirtual page; this daemon finds
+ * the child's virtual page that P backs (the CXL region's physical range and the child's
+ * /proc/PID/pagemap), moves it with move_pages(2) to node 0 (promotion) or back to the
+ * CXL node (demotion), and reports each move to the firmware with a marker (PROMOTED:
+ * P and the page's new physical address in RAM, so the plugin can count the LLC misses
+ * the promoted page serves; DEMOTED; PROMOTE_FAILED when the page is gone). The kernel
+ * copies the page, so the copy's device reads and writes are modelled as any others, and
+ * this daemon's own instructions run on the guest's vCPUs: their time is on the modelled
+ * clock. It polls the mailbox every --interval-us (default 1000) of guest wall-clock
+ * time, backing off to 16x that while nothing comes.
+ *
+ * Without an attached design that promotes, it just runs COMMAND. Exit status: the
+ * child's (128 + signal if it was killed), 2 for a usage error, 1 if it cannot start.
+ * A summary line goes to stderr at the end.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cxlssd.h"
+
+#define PAGE_SHIFT 12
+#define DEMOTE_BIT (1ull << 63)
+#define MPOL_MF_MOVE (1 << 1)
+#define PFN_MASK ((1ull << 55) - 1)
+#define PAGE_PRESENT (1ull << 63)
+#define MAX_BACKOFF 16u
+#define MAX_BATCH 256u
+#define SCAN_INTERVAL_MS 200 /* decisions carried out at a time (the mailbox holds 248) */
+
+static const char USAGE[] = "usage: cxlssd-promote [--interval-us N] -- COMMAND [ARG...]\n";
+
+static pid_t child;
+
+static void forward_signal(int signum)
+{
+    if (child > 0)
+        kill(child, signum);
+}
+
+/* ---- the child's pages: physical page -> virtual address ---------------------------- */
+
+static struct {
+    pid_t pid;
+    int pagemap;
+    uint64_t first_pfn, last_pfn; /* the CXL region's pages */
+    uint64_t *va_of;        /* CXL page (pfn - first_pfn) -> the child's virtual page, 0 if none
+                             * seen; may be stale: checked against the pagemap before use */
+    struct timespec last_scan;
+    int cxl_node; /* where demoted pages go */
+    int scanned;  /* the map was rebuilt during this batch of decisions */
+    uint64_t promoted, demoted, failed, scans;
+    uint64_t *promoted_page, *promoted_va; /* device page -> its virtual page, while promoted */
+    uint64_t n_promoted, cap_promoted;
+} D;
+
+static uint64_t pagemap_entry(uint64_t va)
+{
+    uint64_t entry = 0;
+    if (pread(D.pagemap, &entry, sizeof entry, (off_t)(va >> PAGE_SHIFT) * 8) != sizeof entry)
+        return 0;
+    return entry;
+}
+
+/* Rebuild the map of the child's present pages that lie in the CXL region. The
+ * pagemap is opened again each time: an open pagemap keeps reading the address space
+ * the child had when it was opened, and the child execs (numactl, then the program). */
+static void scan(void)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/pagemap", (int)D.pid);
+    if (D.pagemap >= 0)
+        close(D.pagemap);
+    D.pagemap = open(path, O_RDONLY | O_CLOEXEC);
+    snprintf(path, sizeof path, "/proc/%d/maps", (int)D.pid);
+    FILE *maps = fopen(path, "r");
+    if (maps == NULL || D.pagemap < 0) {
+        if (maps != NULL)
+            fclose(maps);
+        return;
+    }
+    D.scans++;
+    uint64_t entries[512];
+    unsigned long long lo, hi;
+    char line[512];
+    while (fgets(line, sizeof line, maps) != NULL) {
+        if (sscanf(line, "%llx-%llx", &lo, &hi) != 2)
+            continue;
+        for (uint64_t va = lo; va < hi;) {
+            uint64_t n = (hi - va) >> PAGE_SHIFT;
+            if (n > 512)
+                n = 512;
+            ssize_t got = pread(D.pagemap, entries, n * 8, (off_t)(va >> PAGE_SHIFT) * 8);
+            if (got <= 0)
+                break;
+            for (uint64_t k = 0; k < (uint64_t)got / 8; k++) {
+                uint64_t pfn = entries[k] & PFN_MASK;
+                if ((entries[k] & PAGE_PRESENT) && pfn >= D.first_pfn && pfn <= D.last_pfn)
+                    D.va_of[pfn - D.first_pfn] = va + (k << PAGE_SHIFT);
+            }
+            va += (uint64_t)got / 8 << PAGE_SHIFT;
+        }
+    }
+    fclose(maps);
+}
+
+static void move_page(uint64_t va, int node)
+{
+    void *page = (void *)va;
+    int status = -1;
+    syscall(SYS_move_pages, D.pid, 1ul, &page, &node, &status, MPOL_MF_MOVE);
+}
+
+/* ---- the decisions ------------------------------------------------------------------ */
+
+static void failed(uint64_t page)
+{
+    D.failed++;
+    cxlssd_report(CXLSSD_CMD_PROMOTE_FAILED, page, 0);
+}
+
+/* The child's virtual page that device page `page` backs, or 0. */
+static uint64_t virtual_page(uint64_t page)
+{
+    const uint64_t pfn = D.first_pfn + page;
+    if (pfn > D.last_pfn)
+        return 0;
+    uint64_t va = D.va_of[pfn - D.first_pfn];
+    if (va != 0 && (pagemap_entry(va) & PFN_MASK) == pfn)
+        return va;
+    /* The child allocated or freed memory since the last look, or the page is not the
+     * child's (a page table, the kernel's): look again, once a batch and at most every
+     * SCAN_INTERVAL_MS, since a scan is work on the guest's vCPU too. */
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    const long since_ms = (now.tv_sec - D.last_scan.tv_sec) * 1000 + (now.tv_nsec - D.last_scan.tv_nsec) / 1000000;
+    if (D.scanned || (D.scans > 0 && since_ms < SCAN_INTERVAL_MS))
+        return 0;
+    scan();
+    D.scanned = 1;
+    D.last_scan = now;
+    va = D.va_of[pfn - D.first_pfn];
+    return va != 0 && (pagemap_entry(va) & PFN_MASK) == pfn ? va : 0;
+}
+
+static void remember(uint64_t page, uint64_t va)
+{
+    if (D.n_promoted == D.cap_promoted) {
+        D.cap_promoted = D.cap_promoted ? 2 * D.cap_promoted : 1024;
+        D.promoted_page = realloc(D.promoted_page, D.cap_promoted * sizeof *D.promoted_page);
+        D.promoted_va = realloc(D.promoted_va, D.cap_promoted * sizeof *D.promoted_va);
+        if (D.promoted_page == NULL || D.promoted_va == NULL) {
+            perror("cxlssd-promote");
+            exit(1);
+        }
+    }
+    D.promoted_page[D.n_promoted] = page;
+    D.promoted_va[D.n_promoted++] = va;
+}
+
+/* Promote `n` device pages with one move_pages(2) call (the kernel's per-call work,
+ * draining LRU lists and flushing TLBs, is paid once for the batch). */
+static void promote(const uint64_t *pages, unsigned n)
+{
+    void *at[MAX_BATCH];
+    uint64_t which[MAX_BATCH];
+    int nodes[MAX_BATCH], status[MAX_BATCH];
+    unsigned k = 0;
+    for (unsigned i = 0; i < n; i++) {
+        const uint64_t va = virtual_page(pages[i]);
+        if (va == 0) {
+            failed(pages[i]);
+            continue;
+        }
+        at[k] = (void *)va;
+        which[k] = pages[i];
+        nodes[k++] = 0;
+    }
+    if (k == 0)
+        return;
+    if (syscall(SYS_move_pages, D.pid, (unsigned long)k, at, nodes, status, MPOL_MF_MOVE) < 0) {
+        for (unsigned i = 0; i < k; i++)
+            failed(which[i]);
+        return;
+    }
+    for (unsigned i = 0; i < k; i++) {
+        const uint64_t now = pagemap_entry((uint64_t)at[i]);
+        if (status[i] != 0 || !(now & PAGE_PRESENT)) {
+            failed(which[i]);
+            continue;
+        }
+        remember(which[i], (uint64_t)at[i]);
+        D.promoted++;
+        cxlssd_report(CXLSSD_CMD_PROMOTED, which[i], (now & PFN_MASK) << PAGE_SHIFT);
+    }
+}
+
+static void demote(uint64_t page)
+{
+    uint64_t i = 0;
+    while (i < D.n_promoted && D.promoted_page[i] != page)
+        i++;
+    uint64_t ram_pa = 0;
+    if (i < D.n_promoted) {
+        const uint64_t va = D.promoted_va[i];
+        const uint64_t entry = pagemap_entry(va);
+        if (entry & PAGE_PRESENT) {
+            ram_pa = (entry & PFN_MASK) << PAGE_SHIFT;
+            move_page(va, D.cxl_node);
+        }
+        D.promoted_page[i] = D.promoted_page[--D.n_promoted];
+        D.promoted_va[i] = D.promoted_va[D.n_promoted];
+    }
+    D.demoted++;
+    /* reported even if the page is gone (the child freed it): the firmware forgets it */
+    cxlssd_report(CXLSSD_CMD_DEMOTED, page, ram_pa);
+}
+
+/* Carry out the decisions the mailbox holds now (not those posted meanwhile: the
+ * child's exit is looked at between batches); returns how many there were. */
+static unsigned drain(volatile unsigned long long *pv)
+{
+    const volatile uint32_t *header = (const volatile uint32_t *)pv;
+    const uint32_t offset = header[8], entries = header[9];
+    volatile unsigned long long *box = pv + offset / 8;
+    const uint64_t head = box[0], tail = box[1];
+    uint64_t promotions[MAX_BATCH];
+    unsigned n = 0, done = 0;
+    D.scanned = 0;
+    /* demotions first (they make room), promotions in one batch */
+    for (uint64_t at = tail; at != head && done < MAX_BATCH; at++, done++) {
+        const uint64_t entry = box[8 + at % entries];
+        if (entry & DEMOTE_BIT)
+            demote(entry & ~DEMOTE_BIT);
+        else
+            promotions[n++] = entry;
+    }
+    promote(promotions, n);
+    box[1] = tail + done;
+    return done;
+}
+
+static int exit_status(int status)
+{
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int main(int argc, char **argv)
+{
+    unsigned long interval_us = 1000;
+    int first = 1;
+    while (first < argc && strcmp(argv[first], "--") != 0) {
+        char *end;
+        if (strcmp(argv[first], "--interval-us") == 0 && first + 1 < argc) {
+            interval_us = strtoul(argv[first + 1], &end, 10);
+            if (*end != '\0' || interval_us == 0 || interval_us > 1000000) {
+                fprintf(stderr, "cxlssd-promote: --interval-us must be 1..1000000\n%s", USAGE);
+                return 2;
+            }
+            first += 2;
+        } else {
+            fprintf(stderr, "cxlssd-promote: unknown argument '%s'\n%s", argv[first], USAGE);
+            return 2;
+        }
+    }
+    if (first + 1 >= argc) {
+        fprintf(stderr, "cxlssd-promote: no COMMAND after --\n%s", USAGE);
+        return 2;
+    }
+    char **command = argv + first + 1;
+    volatile unsigned long long *pv = cxlssd_pv_page();
+    unsigned long long base = 0, size = 0;
+    D.cxl_node = cxlssd_cxl_node();
+    if (pv == NULL || !(cxlssd_features() & CXLSSD_FEATURE_PROMOTION) || cxlssd_cxl_range(&base, &size) != 0 ||
+        D.cxl_node < 0) {
+        execvp(command[0], command); /* nothing to promote: just the command */
+        fprintf(stderr, "cxlssd-promote: cannot run %s: %s\n", command[0], strerror(errno));
+        return 127;
+    }
+    D.first_pfn = base >> PAGE_SHIFT;
+    D.last_pfn = (base + size - 1) >> PAGE_SHIFT;
+    D.va_of = calloc(D.last_pfn - D.first_pfn + 1, sizeof *D.va_of);
+    if (D.va_of == NULL) {
+        perror("cxlssd-promote");
+        return 1;
+    }
+    const pid_t parent = getpid();
+    child = fork();
+    if (child < 0) {
+        perror("cxlssd-promote: fork");
+        return 1;
+    }
+    if (child == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the daemon */
+        if (getppid() != parent)
+            _exit(1);
+        execvp(command[0], command);
+        fprintf(stderr, "cxlssd-promote: cannot run %s: %s\n", command[0], strerror(errno));
+        _exit(127);
+    }
+    signal(SIGINT, forward_signal);
+    signal(SIGTERM, forward_signal);
+    signal(SIGHUP, forward_signal);
+    D.pid = child;
+    D.pagemap = -1;
+    int status = 0;
+    unsigned backoff = 1;
+    for (;;) {
+        pid_t done = waitpid(child, &status, WNOHANG);
+        if (done == child || (done < 0 && errno != EINTR))
+            break;
+        if (drain(pv) > 0)
+            backoff = 1;
+        else if (backoff < MAX_BACKOFF)
+            backoff *= 2;
+        const unsigned long pause_us = interval_us * backoff;
+        const struct timespec pause = {.tv_sec = (time_t)(pause_us / 1000000),
+                                       .tv_nsec = (long)(pause_us % 1000000) * 1000};
+        nanosleep(&pause, NULL);
+    }
+    fprintf(stderr, "cxlssd-promote: %" PRIu64 " promoted, %" PRIu64 " demoted, %" PRIu64 " failed, %" PRIu64
+                    " scans\n", D.promoted, D.demoted, D.failed, D.scans);
+    return exit_status(status);
+}

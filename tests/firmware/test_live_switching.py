@@ -1,0 +1,219 @@
+"""The guest-driven stream (issue 5), firmware side: long-delay queries settled by what the
+guest did next, promotions carried out by the guest OS, and the pv page that carries both.
+The real guest runs are in tests/platform/test_os_codesign.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cxlssd.errors import ConfigError
+from cxlssd.firmware.controller import Controller
+from cxlssd.firmware.live_switching import CMD_RESUME, CMD_SWITCH, guest_driven
+from cxlssd.firmware.profile import load_profile
+from cxlssd.firmware.replay import replay_file
+from cxlssd.firmware.request import FLAG_HOST, FLAG_POSTED, FLAG_QUERY, REQUEST_DTYPE, Op
+from cxlssd.firmware.serve import Mailbox
+from cxlssd.firmware.stream import CMD_DEMOTED, CMD_PROMOTE_FAILED, CMD_PROMOTED, StreamServer
+from cxlssd.firmware.trace import TraceWriter
+from cxlssd.platform.plugin import pv
+
+# A cold flash read: index + flash read + link (the default ULL NAND)
+FLASH_NS = 72 + 3000 + 40
+SWITCH_NS = 1200
+
+
+def record(time_ns: int, addr: int, op: int = Op.READ, flags: int = 0, vcpu: int = 0) -> np.ndarray:
+    r = np.zeros(1, dtype=REQUEST_DTYPE)
+    r[0] = (time_ns, addr, vcpu, 0 if op == Op.MARKER else 64, op, flags, 0)
+    return r
+
+
+def query(time_ns: int, page: int) -> np.ndarray:
+    return record(time_ns, page << 12, flags=FLAG_QUERY)
+
+
+def mark(time_ns: int, cmd: int, arg: int = 0) -> np.ndarray:
+    return record(time_ns, arg, Op.MARKER, cmd)
+
+
+def server(design: str, *overrides: str) -> tuple[StreamServer, list[tuple[int, int, bool, int]]]:
+    controller = Controller.from_profile(load_profile(design, list(overrides)))
+    answers: list[tuple[int, int, bool, int]] = []
+    s = StreamServer(controller, switching=guest_driven(controller),
+                     on_query=lambda *answer: answers.append(answer))
+    return s, answers
+
+
+def stall(s: StreamServer) -> int:
+    return s.controller.vcpu_stall_ns(0)
+
+
+def test_a_long_delay_switched_away_from_costs_the_switch_and_what_is_left() -> None:
+    s, answers = server("skybyte-c")
+    s.serve(query(1000, 5))
+    assert answers == [(0, 1, True, 1000 + FLASH_NS)]
+    assert stall(s) == 0  # nothing charged until the guest says what it did
+    s.serve(mark(1010, CMD_SWITCH))
+    assert stall(s) == SWITCH_NS
+    # another task ran 1 us of work, then the first resumes: 1010 + 1200 + 1000 local+stall
+    s.serve(mark(2010, CMD_RESUME, 1))
+    left = 1000 + FLASH_NS - (2010 + SWITCH_NS)
+    assert stall(s) == SWITCH_NS + left
+    os = s.switching.counter_dict()
+    assert os["switches"] == os["resumes"] == os["long_delays"] == 1
+    assert os["hidden_ns"] == FLASH_NS - left and os["residual_wait_ns"] == left
+
+
+def test_a_task_that_resumes_after_the_data_is_there_waits_nothing() -> None:
+    s, _ = server("skybyte-c")
+    s.serve(np.concatenate([query(0, 5), mark(5, CMD_SWITCH), mark(10_000, CMD_RESUME, 1)]))
+    assert stall(s) == SWITCH_NS
+    assert s.switching.counters.hidden_ns == FLASH_NS
+
+
+def test_a_long_delay_not_switched_away_from_costs_the_full_latency() -> None:
+    s, _ = server("skybyte-c")
+    s.serve(np.concatenate([query(0, 5), mark(10, CMD_RESUME, 1)]))  # no other task: no switch
+    assert stall(s) == FLASH_NS
+    assert s.switching.counters.ignored == 1 and s.switching.counters.hidden_ns == 0
+
+
+def test_without_context_switching_a_query_is_an_ordinary_read() -> None:
+    s, answers = server("base-cssd")
+    s.serve(query(0, 5))
+    assert answers == [(0, 1, False, 0)] and stall(s) == FLASH_NS
+
+
+def test_a_short_query_is_not_a_long_delay() -> None:
+    s, answers = server("skybyte-c")
+    s.serve(np.concatenate([query(0, 5), query(10_000, 5)]))  # the second hits the data cache
+    assert answers[1] == (0, 2, False, 0)
+    assert stall(s) == FLASH_NS + 40 + 158
+
+
+def test_guest_driven_promotion_leaves_the_device_and_counts_host_accesses() -> None:
+    s, _ = server("skybyte-p", "migration.policy=fixed", "migration.initial_threshold=2")
+    decisions: list[tuple[int, bool]] = []
+    s.on_decision = lambda page, demote: decisions.append((page, demote))
+    s.serve(np.concatenate([record(i * 10_000, 7 << 12) for i in range(3)]))  # miss, hit, hit
+    assert decisions == [(7, False)]
+    c = s.controller
+    assert c.pending_promotions().tolist() == [7] and not c.promoted[7]
+    s.serve(mark(40_000, CMD_PROMOTED, 7))
+    # the device page was freed: a later request for it is the device's, not DRAM's
+    assert c.promoted_pages().tolist() == [7] and not c.promoted[7]
+    s.serve(np.concatenate([record(50_000 + i, (7 << 12) + 64 * i, flags=FLAG_HOST | FLAG_POSTED)
+                            for i in range(5)]))
+    assert c.counters.host_accesses == 5 and c.counters.requests == 3  # counted, not served
+    s.serve(mark(60_000, CMD_DEMOTED, 7))
+    assert c.promoted_pages().size == 0 and c.counters.demotions_applied == 1
+
+
+def test_a_promotion_the_host_gave_up_can_be_decided_again() -> None:
+    s, _ = server("skybyte-p", "migration.policy=fixed", "migration.initial_threshold=1")
+    decisions: list[tuple[int, bool]] = []
+    s.on_decision = lambda page, demote: decisions.append((page, demote))
+    s.serve(np.concatenate([record(0, 3 << 12), record(10_000, 3 << 12)]))
+    s.serve(mark(20_000, CMD_PROMOTE_FAILED, 3))
+    s.serve(record(30_000, 3 << 12))
+    assert decisions == [(3, False), (3, False)]
+    assert s.controller.counters.promotions_failed == 1
+
+
+def test_the_roi_reports_switches_and_the_share_promoted_pages_served() -> None:
+    s, _ = server("skybyte-full")
+    s.serve(np.concatenate([
+        mark(0, 1, 9), query(10, 5), mark(20, CMD_SWITCH), mark(5000, CMD_RESUME, 1),
+        record(5100, 9 << 12, flags=FLAG_HOST | FLAG_POSTED), mark(6000, 2, 1 << 16 | 9),
+    ]))
+    (roi,) = s.results
+    assert roi["device"]["os"]["switches"] == 1 and roi["device"]["os"]["hidden_ns"] > 0
+    assert roi["promoted_share"] == pytest.approx(1 / 2)  # one host access, one device read
+
+
+def test_a_recorded_guest_driven_stream_replays_to_the_same_answers(tmp_path: Path) -> None:
+    stream = np.concatenate([
+        mark(0, 1, 9), query(10, 5), mark(20, CMD_SWITCH), query(1500, 77), mark(1510, CMD_SWITCH),
+        mark(2000, CMD_RESUME, 1), mark(4000, CMD_SWITCH), mark(4100, CMD_RESUME, 2),
+        mark(6000, 2, 1 << 16 | 9),
+    ])
+    live, _ = server("skybyte-c")
+    live.serve(stream)
+    trace = tmp_path / "run.trace"
+    with TraceWriter(trace, metadata={"guest_driven": True}) as writer:
+        writer.write(stream)
+    replayed = replay_file(trace, load_profile("skybyte-c"))
+    assert replayed["rois"][0]["modelled_ns"] == live.results[0]["modelled_ns"]
+    assert replayed["counters"]["os"] == live.switching.counter_dict()
+
+
+def test_profiles_reject_a_bad_threshold_and_an_unknown_scheduler() -> None:
+    with pytest.raises(ConfigError, match="threshold_ns must be above 0"):
+        load_profile("skybyte-c", ["context_switch.threshold_ns=0"])
+    with pytest.raises(ConfigError, match=r"unknown context_switch\.scheduler 'lottery'.*round-robin"):
+        load_profile("skybyte-c", ["context_switch.scheduler=lottery"])
+    with pytest.raises(ConfigError, match="unknown migration policy 'hot'"):
+        Controller.from_profile(load_profile("skybyte-p", ["migration.policy=hot"]))
+
+
+def test_the_pv_page_carries_features_answers_and_the_mailbox(tmp_path: Path) -> None:
+    path = tmp_path / "pv"
+    pv.create_page(path)
+    words = np.memmap(path, dtype=np.uint64, mode="r+")
+    words[0] = pv.MAGIC  # as the plugin writes its header
+    header = words[:8].view(np.uint32)
+    header[3], header[8], header[9] = 2, 2048, 4  # 2 slots; a mailbox of 4 entries
+    with pv.PvPage(path) as page:
+        page.set_features(pv.FEATURE_CONTEXT_SWITCH | pv.FEATURE_PROMOTION, "earliest-ready")
+        assert header[6] == 3 and header[7] == 1
+        page.answer_query(1, ticket=5, long_delay=True, ready_ns=1234)
+        assert words[(64 + 64) // 8 + 2 : (64 + 64) // 8 + 5].tolist() == [1234, 1, 5]
+        assert all(page.post(p, demote=p == 3) for p in range(4))
+        assert not page.post(9, demote=False)  # full until the guest moves its tail
+        assert words[256 + 8 : 256 + 12].tolist() == [0, 1, 2, 3 | pv.DEMOTE]
+        words[257] = 1
+        assert page.post(9, demote=False) and words[256 + 8] == 9
+    assert header[6] == 0  # closed: the guest sees no firmware
+
+
+def test_the_mailbox_drops_promotions_when_full_and_holds_demotions(tmp_path: Path) -> None:
+    path = tmp_path / "pv"
+    pv.create_page(path)
+    words = np.memmap(path, dtype=np.uint64, mode="r+")
+    words[0] = pv.MAGIC
+    header = words[:8].view(np.uint32)
+    header[3], header[8], header[9] = 1, 2048, 2  # a mailbox of 2 entries
+    controller = Controller.from_profile(load_profile("skybyte-p"))
+    guest_driven(controller)
+    for page in (1, 2, 3):
+        controller.pending[page] = True  # decided, as _count_hit would
+        controller._pending_count += 1
+    with pv.PvPage(path) as page:
+        mailbox = Mailbox(page, controller)
+        for device_page in (1, 2, 3):
+            mailbox.post(device_page, demote=False)
+        # the third found the mailbox full: dropped, and no longer pending
+        assert mailbox.stats() == {"posted": 2, "promotions_dropped": 1, "demotions_waiting": 0}
+        assert controller.pending_promotions().tolist() == [1, 2]
+        mailbox.post(9, demote=True)  # a demotion waits for room
+        assert mailbox.stats()["demotions_waiting"] == 1
+        words[257] = 2  # the daemon took both
+        mailbox.flush()
+        assert mailbox.stats()["demotions_waiting"] == 0 and words[256 + 8] == 9 | pv.DEMOTE
+
+
+def test_a_device_page_freed_by_a_promotion_can_be_reused_and_promoted_again() -> None:
+    s, _ = server("skybyte-p", "migration.policy=fixed", "migration.initial_threshold=1")
+    decisions: list[tuple[int, bool]] = []
+    s.on_decision = lambda page, demote: decisions.append((page, demote))
+    c = s.controller
+    s.serve(np.concatenate([record(0, 4 << 12), record(10_000, 4 << 12), mark(20_000, CMD_PROMOTED, 4)]))
+    # the guest put another page at device page 4: it is hot too
+    s.serve(np.concatenate([record(30_000, 4 << 12), record(40_000, 4 << 12), mark(50_000, CMD_PROMOTED, 4)]))
+    assert decisions == [(4, False), (4, False)]
+    assert c.counters.promotions_applied == 2 and c.counter_dict()["migration"]["promoted_pages"] == 2
+    s.serve(mark(60_000, CMD_DEMOTED, 4))
+    assert c.counter_dict()["migration"]["promoted_pages"] == 1 and c.promoted_pages().tolist() == [4]
