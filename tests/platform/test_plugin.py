@@ -391,7 +391,7 @@ def test_replaying_the_live_trace_gives_the_live_counters(plugin_platform: Plugi
     stats = driver.stats()
     dropped = plugin_platform.counters.snapshot().total("device_dropped")
     print(f"live driver: {stats}; {dropped} requests dropped")
-    live_counters = driver.controller.counter_dict()
+    live_counters = driver.server.device_counters()
     capacity = plugin_platform.platform.devices[0].size_bytes
     result = replay_file(plugin_platform.trace, load_profile(DESIGN, {"device.capacity_bytes": capacity}))
     assert result["counters"] == live_counters
