@@ -8,6 +8,7 @@ import csv
 import json
 import re
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -399,11 +400,22 @@ def test_repeated_live_points_report_mean_and_spread(default_platform: Platform,
     assert ExperimentRunner(experiment, out).pending() == []  # each repetition is a resumable point
 
 
+@pytest.fixture
+def own_platform() -> Iterator[Platform]:
+    """A guest of the test's own: injected faults must not change the session's shared
+    guest under later tests (one run saw node 1 gone from the shared guest's zoneinfo
+    after this test; not reproduced, not explained)."""
+    from cxlssd.platform.config import load_config
+
+    with Platform(load_config()) as platform:
+        yield platform
+
+
 @pytest.mark.guest
 def test_a_qmp_scenario_injects_and_records_what_the_guest_showed(
-    default_platform: Platform, tmp_path: Path
+    own_platform: Platform, tmp_path: Path
 ) -> None:
-    device = default_platform.devices[0]
+    device = own_platform.devices[0]
     dpa = 0x3C0000  # away from the poison other tests inject into the shared guest
     experiment = experiment_from_dict({
         "name": "qmp", "designs": ["base-cssd"], "overrides": {"ssd_dram.size_bytes": "16MiB"},
@@ -416,7 +428,7 @@ def test_a_qmp_scenario_injects_and_records_what_the_guest_showed(
         ]}],
     }, "qmp.yaml")
     out = tmp_path / "out"
-    rows = ExperimentRunner(experiment, out, default_platform).run()
+    rows = ExperimentRunner(experiment, out, own_platform).run()
     assert list(rows) == ["chase@base-cssd", "chase@base-cssd#2"]
     for row in rows.values():  # the second run could poison the range again: the first cleared it
         assert row["check_ok"] and row["qmp"]["ok"], row["qmp"]
@@ -438,7 +450,7 @@ def test_a_qmp_scenario_injects_and_records_what_the_guest_showed(
     assert "## QMP injections and what the guest showed" in report
     assert f"seen: `cxl_poison: memdev={device.memdev}" in report
     # The device's poison list no longer holds the range: the next experiment may poison it again.
-    guest = default_platform.guest()
+    guest = own_platform.guest()
     enable_cxl_tracing(guest, clear=True)
     trigger_poison_list(guest, device.memdev)
     assert wait_for_trace(guest, [rf"cxl_poison: .*dpa={dpa:#x} "], timeout_s=3) == [None]
