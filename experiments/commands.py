@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     demo = subparsers.add_parser(
         "demo", help="the main job: the built-in experiment (a few workloads x base-cssd / "
-        "skybyte-full / dram-only; about 7 minutes here before tpcc and randread-tasks joined), "
+        "skybyte-full / dram-only; about 8.5 minutes here), "
         "table and plots at the end",
     )
     demo.add_argument("--out", type=Path, help="results directory (default: results/demo)")
