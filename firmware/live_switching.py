@@ -21,13 +21,10 @@ controller; a long-delay answer takes that back until it is settled.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import asdict, dataclass
 
 from cxlssd.firmware.context_switch import ContextSwitchPolicy, NeverSwitch
 from cxlssd.firmware.controller import Controller
-
-log = logging.getLogger(__name__)
 
 CMD_SWITCH, CMD_RESUME = 5, 6
 

@@ -26,6 +26,7 @@ import pytest
 
 from cxlssd.cli import main
 from cxlssd.errors import ConfigError
+from cxlssd.experiments.observe import enable_cxl_tracing, trace_fields, trace_lines, wait_for_trace
 from cxlssd.paths import runtime_root
 from cxlssd.platform.config import CONFIG_DIR, load_config
 from cxlssd.platform.inject import (
@@ -415,32 +416,17 @@ def test_cli_adds_dynamic_capacity_by_name(paused_dcd: str, capsys: pytest.Captu
 
 # -- real guests: each kind's effect seen from inside ------------------------------------
 
-TRACE = "/sys/kernel/tracing"
-
-
 def _enable_cxl_tracing(platform: Platform) -> None:
-    platform.guest().run(
-        ["sh", "-c", f"mountpoint -q {TRACE} || mount -t tracefs nodev {TRACE}; "
-         f"echo 1 > {TRACE}/events/cxl/enable"],
-        check=True,
-    )
+    enable_cxl_tracing(platform.guest())
 
 
 def _wait_for_trace(platform: Platform, pattern: str, timeout_s: float = 90) -> str:
     """The first line of the guest's trace buffer matching ``pattern``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        _, out, _ = platform.guest().run(["cat", f"{TRACE}/trace"], check=True)
-        for line in out.decode(errors="replace").splitlines():
-            if re.search(pattern, line):
-                return line
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no trace line matches {pattern!r}; trace:\n{out.decode()[-3000:]}")
-        time.sleep(1)
-
-
-def _fields(line: str) -> dict[str, str]:
-    return dict(re.findall(r"(\w+)=('[^']*'|\S+)", line))
+    (line,) = wait_for_trace(platform.guest(), [pattern], timeout_s)
+    if line is None:
+        trace = "\n".join(trace_lines(platform.guest()))
+        raise AssertionError(f"no trace line matches {pattern!r}; trace:\n{trace[-3000:]}")
+    return line
 
 
 @pytest.mark.guest
@@ -454,7 +440,7 @@ def test_poison_shows_in_the_poison_list_with_dpa_and_hpa(default_platform: Plat
         ["sh", "-c", f"echo 1 > /sys/bus/cxl/devices/{device.memdev}/trigger_poison_list"], check=True
     )
     line = _wait_for_trace(default_platform, rf"cxl_poison: .*dpa={dpa:#x} dpa_length={length:#x}")
-    fields = _fields(line)
+    fields = trace_fields(line)
     assert fields["memdev"] == device.memdev and fields["region"] == device.region
     assert int(fields["hpa"], 16) == device.hpa_base + dpa
     assert fields["trace_type"] == "List"
@@ -468,7 +454,7 @@ def test_general_media_event_arrives_as_a_trace_event(default_platform: Platform
     inject(default_platform, GeneralMediaEvent(dpa=dpa, event_type="invalid-address",
                                                transaction_type="host-write", channel=3, rank=1))
     line = _wait_for_trace(default_platform, rf"cxl_general_media: .* dpa={dpa:x} ")
-    fields = _fields(line)
+    fields = trace_fields(line)
     assert fields["log"] == "Failure" and fields["type"] == "'Invalid Address'"
     assert fields["transaction_type"] == "'Host Write'" and fields["descriptor"] == "'UNCORRECTABLE_EVENT'"
     assert fields["dpa_flags"] == "'VOLATILE'" and fields["channel"] == "3" and fields["rank"] == "1"
@@ -483,7 +469,7 @@ def test_dram_event_arrives_as_a_trace_event(default_platform: Platform) -> None
     inject(default_platform, DramEvent(dpa=dpa, log="warning", event_type="scrub-media-ecc-error",
                                        descriptor=2, bank=2, row=77, column=9))
     line = _wait_for_trace(default_platform, rf"cxl_dram: .* dpa={dpa:x} ")
-    fields = _fields(line)
+    fields = trace_fields(line)
     assert fields["log"] == "Warning" and fields["type"] == "'Scrub Media ECC Error'"
     assert fields["descriptor"] == "'THRESHOLD_EVENT'"
     assert (fields["bank"], fields["row"], fields["column"]) == ("2", "77", "9")
@@ -498,7 +484,7 @@ def test_memory_module_event_arrives_as_a_trace_event(default_platform: Platform
         life_used=33, temperature=87, dirty_shutdown_count=2, corrected_volatile_error_count=5,
     ))
     line = _wait_for_trace(default_platform, r"cxl_memory_module: .* device_temp=87 ")
-    fields = _fields(line)
+    fields = trace_fields(line)
     assert fields["event_type"] == "'Temperature Change'"
     assert fields["health_status"] == "'MAINTENANCE_NEEDED'" and fields["as_dev_temp"] == "Warning"
     assert (fields["life_used"], fields["dirty_shutdown_cnt"], fields["cor_vol_err_cnt"]) == ("33", "2", "5")
@@ -611,8 +597,7 @@ def test_dynamic_capacity_add_and_release_in_a_dcd_guest() -> None:
         dpa = 0x24000
         inject(platform, GeneralMediaEvent(dpa=dpa))
         _wait_for_trace(platform, rf"cxl_general_media: .* dpa={dpa:x} ")
-        _, trace, _ = guest.run(["cat", f"{TRACE}/trace"], check=True)
-        events = [line for line in trace.decode().splitlines() if not line.startswith("#")]
+        events = trace_lines(guest)
         assert len(events) == 1 and "cxl_general_media" in events[0], events
         after = _device_interrupts(guest, device.memdev)
         assert {v: after[v] - interrupts[v] for v in after} == {2: 0, 3: 0, 4: 1, 5: 0, 7: 0}
