@@ -23,6 +23,7 @@ from cxlssd.errors import GuestError
 log = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 0.1
+EOF_GRACE_S = 2.0  # how long output may trail the exit status
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,7 @@ class GuestSSH:
             channel.sendall(stdin)
         channel.shutdown_write()
         out, err = bytearray(), bytearray()
+        exited_at: float | None = None
         next_watch = time.monotonic() + WATCH_INTERVAL_S
         while True:
             if watch is not None and time.monotonic() >= next_watch:
@@ -137,9 +139,15 @@ class GuestSSH:
                 if channel.exit_status_ready() and not (
                     channel.recv_ready() or channel.recv_stderr_ready()
                 ):
-                    if watch is not None:
-                        watch()  # a channel ended by a dead guest or firmware: say why
-                    break
+                    # sshd may send the exit status before the last of the output: the
+                    # output ends at EOF. A background child that keeps the output open
+                    # never sends EOF, so that wait is bounded.
+                    if exited_at is None:
+                        exited_at = time.monotonic()
+                    if channel.eof_received or time.monotonic() - exited_at >= EOF_GRACE_S:
+                        if watch is not None:
+                            watch()  # a channel ended by a dead guest or firmware: say why
+                        break
                 time.sleep(0.01)
         status = channel.recv_exit_status()
         channel.close()
