@@ -28,6 +28,7 @@ delay, the switch cost) is charged to its vCPU; a write too, unless it carries
 from __future__ import annotations
 
 import logging
+from collections.abc import Set as AbstractSet
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -172,9 +173,10 @@ class Controller:
         self.pending = np.zeros(device_pages, dtype=bool)  # decided, not yet carried out
         self._pending_count = 0  # pending.sum(), kept up to date
         self.last_access = np.zeros(device_pages, dtype=np.int64)  # of promoted pages
-        self._promoted_set: set[int] = set()
-        # host-managed: RAM pages promoted from each device page. A promoted page's device
-        # page is freed, and the guest may put another page there and promote that too.
+        self._promoted_set: set[int] = set()  # device-managed: the pages promoted[] marks
+        # host-managed: RAM pages promoted from each device page (its keys are the promoted
+        # pages). A promoted page's device page is freed, and the guest may put another
+        # page there and promote that too.
         self._host_pages: dict[int, int] = {}
         self._host_total = 0
         self._pending_demotions: set[int] = set()
@@ -327,7 +329,11 @@ class Controller:
 
     def promoted_pages(self) -> np.ndarray:
         """Pages currently in host DRAM, sorted."""
-        return np.array(sorted(self._promoted_set), dtype=np.int64)
+        return np.array(sorted(self._in_host()), dtype=np.int64)
+
+    def _in_host(self) -> AbstractSet[int]:
+        """The device pages that have a copy in host DRAM."""
+        return self._host_pages.keys() if self.host_managed else self._promoted_set
 
     def pending_promotions(self) -> np.ndarray:
         """Pages the firmware decided to promote that the host has not promoted yet."""
@@ -788,7 +794,7 @@ class Controller:
         demote = -1
         in_host = self._host_total if self.host_managed else len(self._promoted_set)
         in_use = in_host + self._pending_count - len(self._pending_demotions)
-        if self._promoted_set and in_use >= self.host_capacity_pages:
+        if self._in_host() and in_use >= self.host_capacity_pages:
             candidates = self._demotion_candidates()
             if candidates.size:
                 demote = self.migration.demotion_victim(
@@ -809,7 +815,7 @@ class Controller:
     def _demotion_candidates(self) -> np.ndarray:
         """Promoted pages not already being demoted, sorted."""
         if self.host_managed or len(self._promoted_set) < 4096:
-            return np.array(sorted(self._promoted_set - self._pending_demotions), dtype=np.int64)
+            return np.array(sorted(self._in_host() - self._pending_demotions), dtype=np.int64)
         candidates = np.flatnonzero(self.promoted)  # the same pages, without sorting a set
         if self._pending_demotions:
             leaving = np.fromiter(self._pending_demotions, dtype=np.int64)
@@ -817,7 +823,7 @@ class Controller:
         return candidates
 
     def _apply_promotion(self, page: int) -> None:
-        if self.promoted[page] or self.dram_only or (page in self._promoted_set and not self.host_managed):
+        if self.promoted[page] or self.dram_only:
             return
         assert self.cache is not None
         if self.pending[page]:
@@ -826,7 +832,6 @@ class Controller:
         if self.host_managed:
             # the device page was freed: nothing to serve from here, only the budget
             self.last_access[page] = self._seq
-            self._promoted_set.add(page)
             self._host_pages[page] = self._host_pages.get(page, 0) + 1
             self._host_total += 1
             self.counters.promotions_applied += 1
@@ -845,7 +850,6 @@ class Controller:
             self._host_total -= 1
             if not self._host_pages[page]:
                 del self._host_pages[page]
-                self._promoted_set.discard(page)
             self._pending_demotions.discard(page)
             self.counters.demotions_applied += 1
             return

@@ -25,8 +25,7 @@ from dataclasses import asdict, dataclass
 
 from cxlssd.firmware.context_switch import ContextSwitchPolicy, NeverSwitch
 from cxlssd.firmware.controller import Controller
-
-CMD_SWITCH, CMD_RESUME = 5, 6
+from cxlssd.firmware.request import MarkerCmd
 
 
 @dataclass
@@ -87,14 +86,14 @@ class LiveContextSwitch:
 
     def marker(self, vcpu: int, cmd: int, arg: int, local_ns: int) -> None:
         """A marker of ``vcpu`` at its local clock ``local_ns`` (any command)."""
-        if cmd == CMD_SWITCH:
+        if cmd == MarkerCmd.SWITCH:
             self.settle(vcpu, switched=True)
             self.counters.switches += 1
             self.counters.switch_cost_ns += self.policy.switch_cost_ns
             self.controller.charge_stall(vcpu, self.policy.switch_cost_ns)
             return
         self.settle(vcpu, switched=False)
-        if cmd != CMD_RESUME:
+        if cmd != MarkerCmd.RESUME:
             return
         parked = self._parked.pop((vcpu, arg), None)
         if parked is None:

@@ -49,6 +49,21 @@ class Op(enum.IntEnum):
     MARKER = 4
 
 
+class MarkerCmd(enum.IntEnum):
+    """The command of a guest marker (``flags`` of a MARKER record). The same
+    numbers are CXLSSD_CMD_* in guest/runtime/cxlssd.h and CMD_* in the plugin."""
+
+    ROI_BEGIN = 1
+    ROI_END = 2
+    CLOCK = 3  # a modelled-clock read
+    QUERY = 4  # the next device read asks whether it is a long delay
+    SWITCH = 5  # the guest's task runtime switched tasks
+    RESUME = 6  # a parked task runs again (ticket in ``addr``)
+    PROMOTED = 7  # the guest's daemon moved device page ``addr`` to host DRAM
+    DEMOTED = 8  # ... and back
+    PROMOTE_FAILED = 9  # ... or could not move it
+
+
 class Source(enum.IntEnum):
     """Where a request was served from (``Response.source``)."""
 

@@ -34,12 +34,10 @@ import numpy as np
 from cxlssd.firmware.context_switch import NeverSwitch
 from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.live_switching import LiveContextSwitch
-from cxlssd.firmware.request import FLAG_HOST, FLAG_QUERY, PAGE_SHIFT, Op, Source
+from cxlssd.firmware.request import FLAG_HOST, FLAG_QUERY, PAGE_SHIFT, MarkerCmd, Op, Source
 
 log = logging.getLogger(__name__)
 
-CMD_ROI_BEGIN, CMD_ROI_END, CMD_CLOCK = 1, 2, 3
-CMD_PROMOTED, CMD_DEMOTED, CMD_PROMOTE_FAILED = 7, 8, 9
 _OPS = ("read", "write")
 _N_SOURCES = len(Source)
 # latency histogram: log-spaced bucket edges from 1 ns to 100 s (for percentiles)
@@ -223,10 +221,10 @@ class StreamServer:
         addr = int(record["addr"])
         cmd = int(record["flags"])
         self.switching.marker(vcpu, cmd, addr, int(record["time_ns"]))
-        if cmd > CMD_CLOCK:
+        if cmd > MarkerCmd.CLOCK:
             self._runtime_marker(cmd, addr)
             return
-        if cmd == CMD_CLOCK:  # a clock read: answer it, nothing to snapshot
+        if cmd == MarkerCmd.CLOCK:  # a clock read: answer it, nothing to snapshot
             self.clock_reads += 1
             if self.on_clock is not None:
                 self.on_clock(vcpu, addr >> 16, int(record["time_ns"]) + self.controller.vcpu_stall_ns(vcpu))
@@ -243,12 +241,12 @@ class StreamServer:
         )
         cpu = self.cpu_counters(marker.event) if self.cpu_counters is not None else None
         key = (marker.roi, vcpu)
-        if marker.cmd == CMD_ROI_BEGIN:
+        if marker.cmd == MarkerCmd.ROI_BEGIN:
             if key in self._open:
                 log.warning("ROI %d began again on vCPU %d before it ended: the earlier begin is dropped",
                             marker.roi, vcpu)
             self._open[key] = (marker, cpu)
-        elif marker.cmd == CMD_ROI_END:
+        elif marker.cmd == MarkerCmd.ROI_END:
             begun = self._open.pop(key, None)
             if begun is None:
                 log.warning("ROI %d ended on vCPU %d without a begin: ignored", marker.roi, vcpu)
@@ -259,11 +257,11 @@ class StreamServer:
 
     def _runtime_marker(self, cmd: int, page: int) -> None:
         """The promotion daemon's reports (SWITCH/RESUME are the switching's)."""
-        if cmd == CMD_PROMOTED:
+        if cmd == MarkerCmd.PROMOTED:
             self.controller.host_promoted(page)
-        elif cmd == CMD_DEMOTED:
+        elif cmd == MarkerCmd.DEMOTED:
             self.controller.host_demoted(page)
-        elif cmd == CMD_PROMOTE_FAILED:
+        elif cmd == MarkerCmd.PROMOTE_FAILED:
             self.controller.host_gave_up(page)
 
     def device_counters(self) -> dict[str, Any]:

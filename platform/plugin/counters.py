@@ -43,8 +43,6 @@ STATE_RUNNING, STATE_EXITED = 1, 2
 WINDOW_REJECTED, WINDOW_ACCEPTED = 1, 2
 MODE_DORMANT, MODE_ACTIVE = 0, 1
 ROI_EVENT_BYTES = 128
-#: marker commands (guest/runtime/cxlssd.h)
-CMD_ROI_BEGIN, CMD_ROI_END = 1, 2
 
 # Header fields: (name, byte offset, numpy type).
 _HEADER = {
@@ -154,7 +152,7 @@ class RoiEvent:
     which vCPU, the vCPU's local clock and its counters at that instant."""
 
     index: int
-    cmd: int  # CMD_ROI_BEGIN or CMD_ROI_END
+    cmd: int  # MarkerCmd.ROI_BEGIN or ROI_END
     roi: int
     vcpu: int
     counters: VcpuCounters

@@ -23,8 +23,7 @@ from cxlssd.experiments.runner import POINTS_FILE, ExperimentRunner, load_points
 from cxlssd.experiments.spec import DEMO_FILE, experiment_from_dict, load_experiment
 from cxlssd.firmware.profile import load_profile
 from cxlssd.firmware.replay import replay_file
-from cxlssd.firmware.request import REQUEST_DTYPE, Op
-from cxlssd.firmware.stream import CMD_ROI_BEGIN, CMD_ROI_END
+from cxlssd.firmware.request import REQUEST_DTYPE, MarkerCmd, Op
 from cxlssd.firmware.synth import SynthSpec, synthesize
 from cxlssd.firmware.trace import TraceReader, TraceWriter
 from cxlssd.platform.inject import Poison, Uncorrectable, UncorrectableError
@@ -161,7 +160,7 @@ def _write_trace(path: Path, spec: SynthSpec, markers: bool = False) -> None:
     if markers:
         begin, end = np.zeros(2, dtype=REQUEST_DTYPE), None
         begin["op"], begin["addr"] = Op.MARKER, 7
-        begin["flags"] = [CMD_ROI_BEGIN, CMD_ROI_END]
+        begin["flags"] = [MarkerCmd.ROI_BEGIN, MarkerCmd.ROI_END]
         begin["time_ns"] = [records["time_ns"][100], records["time_ns"][-100]]
         end = begin[1:]
         records = np.concatenate([records[:100], begin[:1], records[100:-100], end, records[-100:]])

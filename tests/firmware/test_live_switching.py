@@ -11,12 +11,12 @@ import pytest
 
 from cxlssd.errors import ConfigError
 from cxlssd.firmware.controller import Controller
-from cxlssd.firmware.live_switching import CMD_RESUME, CMD_SWITCH, guest_driven
+from cxlssd.firmware.live_switching import guest_driven
 from cxlssd.firmware.profile import load_profile
 from cxlssd.firmware.replay import replay_file
-from cxlssd.firmware.request import FLAG_HOST, FLAG_POSTED, FLAG_QUERY, REQUEST_DTYPE, Op
+from cxlssd.firmware.request import FLAG_HOST, FLAG_POSTED, FLAG_QUERY, REQUEST_DTYPE, MarkerCmd, Op
 from cxlssd.firmware.serve import Mailbox
-from cxlssd.firmware.stream import CMD_DEMOTED, CMD_PROMOTE_FAILED, CMD_PROMOTED, StreamServer
+from cxlssd.firmware.stream import StreamServer
 from cxlssd.firmware.trace import TraceWriter
 from cxlssd.platform.plugin import pv
 
@@ -56,10 +56,10 @@ def test_a_long_delay_switched_away_from_costs_the_switch_and_what_is_left() -> 
     s.serve(query(1000, 5))
     assert answers == [(0, 1, True, 1000 + FLASH_NS)]
     assert stall(s) == 0  # nothing charged until the guest says what it did
-    s.serve(mark(1010, CMD_SWITCH))
+    s.serve(mark(1010, MarkerCmd.SWITCH))
     assert stall(s) == SWITCH_NS
     # another task ran 1 us of work, then the first resumes: 1010 + 1200 + 1000 local+stall
-    s.serve(mark(2010, CMD_RESUME, 1))
+    s.serve(mark(2010, MarkerCmd.RESUME, 1))
     left = 1000 + FLASH_NS - (2010 + SWITCH_NS)
     assert stall(s) == SWITCH_NS + left
     os = s.switching.counter_dict()
@@ -69,14 +69,14 @@ def test_a_long_delay_switched_away_from_costs_the_switch_and_what_is_left() -> 
 
 def test_a_task_that_resumes_after_the_data_is_there_waits_nothing() -> None:
     s, _ = server("skybyte-c")
-    s.serve(np.concatenate([query(0, 5), mark(5, CMD_SWITCH), mark(10_000, CMD_RESUME, 1)]))
+    s.serve(np.concatenate([query(0, 5), mark(5, MarkerCmd.SWITCH), mark(10_000, MarkerCmd.RESUME, 1)]))
     assert stall(s) == SWITCH_NS
     assert s.switching.counters.hidden_ns == FLASH_NS
 
 
 def test_a_long_delay_not_switched_away_from_costs_the_full_latency() -> None:
     s, _ = server("skybyte-c")
-    s.serve(np.concatenate([query(0, 5), mark(10, CMD_RESUME, 1)]))  # no other task: no switch
+    s.serve(np.concatenate([query(0, 5), mark(10, MarkerCmd.RESUME, 1)]))  # no other task: no switch
     assert stall(s) == FLASH_NS
     assert s.switching.counters.ignored == 1 and s.switching.counters.hidden_ns == 0
 
@@ -102,13 +102,13 @@ def test_guest_driven_promotion_leaves_the_device_and_counts_host_accesses() -> 
     assert decisions == [(7, False)]
     c = s.controller
     assert c.pending_promotions().tolist() == [7] and not c.promoted[7]
-    s.serve(mark(40_000, CMD_PROMOTED, 7))
+    s.serve(mark(40_000, MarkerCmd.PROMOTED, 7))
     # the device page was freed: a later request for it is the device's, not DRAM's
     assert c.promoted_pages().tolist() == [7] and not c.promoted[7]
     s.serve(np.concatenate([record(50_000 + i, (7 << 12) + 64 * i, flags=FLAG_HOST | FLAG_POSTED)
                             for i in range(5)]))
     assert c.counters.host_accesses == 5 and c.counters.requests == 3  # counted, not served
-    s.serve(mark(60_000, CMD_DEMOTED, 7))
+    s.serve(mark(60_000, MarkerCmd.DEMOTED, 7))
     assert c.promoted_pages().size == 0 and c.counters.demotions_applied == 1
 
 
@@ -117,7 +117,7 @@ def test_a_promotion_the_host_gave_up_can_be_decided_again() -> None:
     decisions: list[tuple[int, bool]] = []
     s.on_decision = lambda page, demote: decisions.append((page, demote))
     s.serve(np.concatenate([record(0, 3 << 12), record(10_000, 3 << 12)]))
-    s.serve(mark(20_000, CMD_PROMOTE_FAILED, 3))
+    s.serve(mark(20_000, MarkerCmd.PROMOTE_FAILED, 3))
     s.serve(record(30_000, 3 << 12))
     assert decisions == [(3, False), (3, False)]
     assert s.controller.counters.promotions_failed == 1
@@ -126,7 +126,7 @@ def test_a_promotion_the_host_gave_up_can_be_decided_again() -> None:
 def test_the_roi_reports_switches_and_the_share_promoted_pages_served() -> None:
     s, _ = server("skybyte-full")
     s.serve(np.concatenate([
-        mark(0, 1, 9), query(10, 5), mark(20, CMD_SWITCH), mark(5000, CMD_RESUME, 1),
+        mark(0, 1, 9), query(10, 5), mark(20, MarkerCmd.SWITCH), mark(5000, MarkerCmd.RESUME, 1),
         record(5100, 9 << 12, flags=FLAG_HOST | FLAG_POSTED), mark(6000, 2, 1 << 16 | 9),
     ]))
     (roi,) = s.results
@@ -136,8 +136,9 @@ def test_the_roi_reports_switches_and_the_share_promoted_pages_served() -> None:
 
 def test_a_recorded_guest_driven_stream_replays_to_the_same_answers(tmp_path: Path) -> None:
     stream = np.concatenate([
-        mark(0, 1, 9), query(10, 5), mark(20, CMD_SWITCH), query(1500, 77), mark(1510, CMD_SWITCH),
-        mark(2000, CMD_RESUME, 1), mark(4000, CMD_SWITCH), mark(4100, CMD_RESUME, 2),
+        mark(0, 1, 9), query(10, 5), mark(20, MarkerCmd.SWITCH),
+        query(1500, 77), mark(1510, MarkerCmd.SWITCH),
+        mark(2000, MarkerCmd.RESUME, 1), mark(4000, MarkerCmd.SWITCH), mark(4100, MarkerCmd.RESUME, 2),
         mark(6000, 2, 1 << 16 | 9),
     ])
     live, _ = server("skybyte-c")
@@ -210,10 +211,14 @@ def test_a_device_page_freed_by_a_promotion_can_be_reused_and_promoted_again() -
     decisions: list[tuple[int, bool]] = []
     s.on_decision = lambda page, demote: decisions.append((page, demote))
     c = s.controller
-    s.serve(np.concatenate([record(0, 4 << 12), record(10_000, 4 << 12), mark(20_000, CMD_PROMOTED, 4)]))
+    s.serve(np.concatenate([
+        record(0, 4 << 12), record(10_000, 4 << 12), mark(20_000, MarkerCmd.PROMOTED, 4),
+    ]))
     # the guest put another page at device page 4: it is hot too
-    s.serve(np.concatenate([record(30_000, 4 << 12), record(40_000, 4 << 12), mark(50_000, CMD_PROMOTED, 4)]))
+    s.serve(np.concatenate([
+        record(30_000, 4 << 12), record(40_000, 4 << 12), mark(50_000, MarkerCmd.PROMOTED, 4),
+    ]))
     assert decisions == [(4, False), (4, False)]
     assert c.counters.promotions_applied == 2 and c.counter_dict()["migration"]["promoted_pages"] == 2
-    s.serve(mark(60_000, CMD_DEMOTED, 4))
+    s.serve(mark(60_000, MarkerCmd.DEMOTED, 4))
     assert c.counter_dict()["migration"]["promoted_pages"] == 1 and c.promoted_pages().tolist() == [4]

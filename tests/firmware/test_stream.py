@@ -10,8 +10,8 @@ import numpy as np
 from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.profile import load_profile
 from cxlssd.firmware.replay import replay_file
-from cxlssd.firmware.request import FLAG_POSTED, REQUEST_DTYPE, Op, make_requests
-from cxlssd.firmware.stream import CMD_ROI_BEGIN, CMD_ROI_END, StreamServer, counter_delta
+from cxlssd.firmware.request import FLAG_POSTED, REQUEST_DTYPE, MarkerCmd, Op, make_requests
+from cxlssd.firmware.stream import StreamServer, counter_delta
 from cxlssd.firmware.trace import TraceWriter
 
 DRAM_NS = 46  # the dram-only design answers every request at host DRAM latency
@@ -30,7 +30,7 @@ def stream() -> np.ndarray:
     reads["flags"][110:160] = FLAG_POSTED
     inside = np.concatenate([reads[10:110], reads[110:160]])
     return np.concatenate([
-        reads[:10], marker(CMD_ROI_BEGIN, 7, 100), inside, marker(CMD_ROI_END, 7, 5000, event=1),
+        reads[:10], marker(MarkerCmd.ROI_BEGIN, 7, 100), inside, marker(MarkerCmd.ROI_END, 7, 5000, event=1),
         make_requests(np.arange(10) * 64, time_ns=6000 + np.arange(10)),
     ])
 
@@ -61,7 +61,7 @@ def test_roi_time_is_local_clock_plus_charged_stall() -> None:
 
 def test_unmatched_markers_are_reported_not_fatal() -> None:
     server = StreamServer(dram_only())
-    server.serve(np.concatenate([marker(CMD_ROI_END, 1, 10), marker(CMD_ROI_BEGIN, 2, 20)]))
+    server.serve(np.concatenate([marker(MarkerCmd.ROI_END, 1, 10), marker(MarkerCmd.ROI_BEGIN, 2, 20)]))
     assert server.results == [] and server.unfinished() == [{"roi": 2, "vcpu": 0}]
 
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from cxlssd.errors import PrerequisiteError
+from cxlssd.firmware.request import MarkerCmd
 from cxlssd.guest.runtime import build, cxlssd_guest
 from cxlssd.guest.runtime.build import ensure_runtime
 from cxlssd.guest.runtime.install import GUEST_RUNTIME_DIR, guest_env, install_runtime, with_guest_env
 from cxlssd.platform.ssh import GuestSSH, InstanceKeys
 
-ROI_BEGIN, ROI_END = 1, 2
 RUN_TIMEOUT_S = 60
 
 
@@ -113,16 +113,16 @@ def test_chase_contains_its_roi_markers(runtime: Path) -> None:
     code = (runtime / "bin/chase").read_bytes()
     # chase marks its ROI through the compiled-in runtime functions: all ids are there.
     for roi_id in (0, 1, 255):
-        assert code.count(marker(ROI_BEGIN, roi_id)) == 1
-        assert code.count(marker(ROI_END, roi_id)) == 1
+        assert code.count(marker(MarkerCmd.ROI_BEGIN, roi_id)) == 1
+        assert code.count(marker(MarkerCmd.ROI_END, roi_id)) == 1
 
 
 def test_library_has_one_marker_per_runtime_id(runtime: Path) -> None:
     code = (runtime / "lib/libcxlssd.so").read_bytes()
     for roi_id in (0, 1, 128, 255):
-        assert code.count(marker(ROI_BEGIN, roi_id)) == 1
-        assert code.count(marker(ROI_END, roi_id)) == 1
-    assert marker(ROI_BEGIN, 256) not in code and marker(ROI_END, 256) not in code
+        assert code.count(marker(MarkerCmd.ROI_BEGIN, roi_id)) == 1
+        assert code.count(marker(MarkerCmd.ROI_END, roi_id)) == 1
+    assert marker(MarkerCmd.ROI_BEGIN, 256) not in code and marker(MarkerCmd.ROI_END, 256) not in code
     assert code.count(b"\x0f\x1f\x84\x00") >= 2 * cxlssd_guest.RUNTIME_IDS
 
 
@@ -155,7 +155,7 @@ def test_constant_id_macros_emit_the_marker(runtime: Path, tmp_path: Path) -> No
     ]
     subprocess.run([*argv, str(program)], check=True, timeout=RUN_TIMEOUT_S)
     code = binary.read_bytes()
-    assert marker(ROI_BEGIN, 65535) in code and marker(ROI_END, 0x1234) in code
+    assert marker(MarkerCmd.ROI_BEGIN, 65535) in code and marker(MarkerCmd.ROI_END, 0x1234) in code
     assert subprocess.run([str(binary)], timeout=RUN_TIMEOUT_S).returncode == 0
 
     program.write_text('#include "cxlssd.h"\nint main(void) { CXLSSD_ROI_BEGIN(65536); return 0; }\n')

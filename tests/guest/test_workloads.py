@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
+from cxlssd.firmware.request import MarkerCmd
 from cxlssd.guest.runtime import build
 from cxlssd.guest.runtime.build import ensure_runtime
 from cxlssd.guest.runtime.install import with_guest_env
 from cxlssd.platform.machine import Platform
 
 WORKLOADS = build.WORKLOADS
-ROI_BEGIN, ROI_END = 1, 2
 RUN_TIMEOUT_S = 60
 COMMON_FIELDS = {"workload", "params", "footprint_bytes", "check_bytes", "check_ok", "checksum"}
 # What each workload reports besides the common fields.
@@ -109,8 +109,8 @@ def test_binary_contains_the_roi_markers(runtime: Path, name: str) -> None:
     code = (runtime / "bin" / name).read_bytes()
     # --roi ID goes through the compiled-in runtime functions: one marker per id, 1 the default.
     for roi_id in (1, 0, 255):
-        assert code.count(marker(ROI_BEGIN, roi_id)) == 1
-        assert code.count(marker(ROI_END, roi_id)) == 1
+        assert code.count(marker(MarkerCmd.ROI_BEGIN, roi_id)) == 1
+        assert code.count(marker(MarkerCmd.ROI_END, roi_id)) == 1
 
 
 # -- runs ----------------------------------------------------------------------------------
