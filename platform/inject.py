@@ -41,7 +41,7 @@ from cxlssd.firmware.profile import Profile, load_profile
 from cxlssd.lifecycle import pid_alive
 from cxlssd.paths import runtime_root
 from cxlssd.platform.config import DC_MAX_REGIONS, CxlDeviceConfig, format_size
-from cxlssd.platform.live import control_path, firmware_pid_path
+from cxlssd.platform.live import attached_firmware_path, control_path
 from cxlssd.platform.machine import pid_file_alive
 
 if TYPE_CHECKING:
@@ -889,8 +889,7 @@ def _attached(target: Platform | RunningInstance, path: Callable[[Path], Path]) 
 
 def kill_firmware(target: Platform | RunningInstance) -> InjectionRecord:
     """SIGKILL the firmware process attached to ``target``."""
-    pid_file = _attached(target, firmware_pid_path)
-    pid = int(pid_file.read_text())
+    pid = int(json.loads(_attached(target, attached_firmware_path).read_text())["pid"])
     if not pid_alive(pid):
         raise ConfigError(f"the firmware of instance {target.name} (pid {pid}) is already gone")
     os.kill(pid, signal.SIGKILL)
@@ -900,21 +899,13 @@ def kill_firmware(target: Platform | RunningInstance) -> InjectionRecord:
 
 
 def attached_profile(target: Platform | RunningInstance) -> Profile | None:
-    """The design of the firmware attached to ``target``, from its command line
-    (``serve-firmware --design NAME --set KEY=VALUE ...``); None if it cannot be read
-    (the firmware then checks the knob alone)."""
+    """The design of the firmware attached to ``target``, as its session recorded it;
+    None if it cannot be read (the firmware then checks the knob alone)."""
     try:
-        pid = int(_attached(target, firmware_pid_path).read_text())
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-    except (ConfigError, OSError, ValueError):
+        attached = json.loads(_attached(target, attached_firmware_path).read_text())
+        return load_profile(attached["design"], attached["overrides"])
+    except (ConfigError, OSError, ValueError, KeyError, TypeError):
         return None
-    design, overrides = None, []
-    for option, value in itertools.pairwise(argv):
-        if option == "--design":
-            design = value
-        elif option == "--set":
-            overrides.append(value)
-    return load_profile(design, overrides) if "serve-firmware" in argv and design is not None else None
 
 
 def send_knob(

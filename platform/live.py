@@ -52,9 +52,10 @@ def control_path(rundir: Path) -> Path:
     return rundir / "firmware.control"
 
 
-def firmware_pid_path(rundir: Path) -> Path:
-    """The attached firmware's pid (process-fault injection kills it)."""
-    return rundir / "firmware.pid"
+def attached_firmware_path(rundir: Path) -> Path:
+    """What is attached while a session runs: the firmware's pid (process-fault
+    injection kills it), design and overrides (injections are checked against them)."""
+    return rundir / "firmware.json"
 
 
 class FirmwareProcess:
@@ -241,7 +242,9 @@ class LiveSession(Lifecycle):
         )
         try:
             self._firmware.launch()
-            firmware_pid_path(files.ring.parent).write_text(str(self._firmware.pid))
+            attached_firmware_path(files.ring.parent).write_text(json.dumps(
+                {"pid": self._firmware.pid, "design": self.design, "overrides": self._firmware.overrides}
+            ))
             counters = platform.plugin_counters()
             counters.set_clock(platform.config.cpu.insn_ps, self.profile["latency.host_dram_ns"] * 1000)
             counters.set_mode(True)
@@ -303,7 +306,7 @@ class LiveSession(Lifecycle):
     def _remove_files(self) -> None:
         rundir = self.platform.plugin_files().ring.parent
         control_path(rundir).unlink(missing_ok=True)
-        firmware_pid_path(rundir).unlink(missing_ok=True)
+        attached_firmware_path(rundir).unlink(missing_ok=True)
 
     def abort(self) -> None:
         """Stop the firmware at once and put the plugin back to sleep (best effort)."""

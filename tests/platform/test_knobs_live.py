@@ -232,9 +232,9 @@ def run_cli(*argv: str) -> int:
 
 @pytest.fixture
 def attached_instance(request: pytest.FixtureRequest) -> Iterator[tuple[str, Path]]:
-    """A running-looking instance whose "firmware" is a process with serve-firmware's
-    command line (design base-cssd, or the test's parameter, at 16 x 2 dies); yields
-    its name and control file."""
+    """A running-looking instance with a "firmware" process attached as a live session
+    records it (design base-cssd, or the test's parameter, at 16 x 2 dies); yields its
+    name and control file."""
     design = getattr(request, "param", "base-cssd")
     name = "knobs-000000"
     rundir = runtime_root() / name
@@ -247,11 +247,10 @@ def attached_instance(request: pytest.FixtureRequest) -> Iterator[tuple[str, Pat
     }))
     control = rundir / "firmware.control"
     control.touch()
-    firmware = subprocess.Popen([
-        sys.executable, "-c", "import time; time.sleep(60)", "serve-firmware", "--design", design,
-        "--set", "flash.dies_per_channel=2", "--control", str(control),
-    ])
-    (rundir / "firmware.pid").write_text(str(firmware.pid))
+    firmware = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    (rundir / "firmware.json").write_text(json.dumps(
+        {"pid": firmware.pid, "design": design, "overrides": ["flash.dies_per_channel=2"]}
+    ))
     try:
         yield name, control
     finally:

@@ -236,7 +236,7 @@ def test_a_killed_firmware_stops_the_run_with_a_clear_error(default_platform: Pl
     assert detected_s < 10.0
     assert not Path(f"/proc/{pid}").exists()
     assert not platform.plugin_counters().active  # back to sleep
-    assert not (platform.plugin_files().ring.parent / "firmware.pid").exists()
+    assert not (platform.plugin_files().ring.parent / "firmware.json").exists()
     again = cli("inject", "--instance", platform.name, "firmware-kill")
     assert again.returncode == 2 and "no firmware is attached" in again.stderr
     guest.run(["pkill", "-x", "chase"])  # the guest's command outlived its SSH channel
