@@ -117,6 +117,24 @@ def test_report_derives_speedup_ideal_fraction_and_flash_reduction(tmp_path: Pat
     assert "Not run yet (1)" in report
 
 
+def test_summary_flash_reduction_sums_the_cases_flash_operations() -> None:
+    experiment = experiment_from_dict(BASE, "t.yaml")
+    flash_ops = {  # per case: base-cssd, skybyte-full, dram-only
+        "chase[size=1M]": (100, 0, 0),  # full takes this case off flash entirely
+        "chase[size=2M]": (300, 1, 0),  # and leaves one operation here
+    }
+    rows = {}
+    for case, ops in flash_ops.items():
+        for design, flash in zip(("base-cssd", "skybyte-full", "dram-only"), ops, strict=True):
+            rows[f"{case}@{design}"] = _row(f"{case}@{design}", design, 1000, flash)
+    table = derive(experiment, rows)
+    assert [r["flash_traffic_reduction"] for r in table if r["design"] == "skybyte-full"] == [None, 300.0]
+    means = summary(experiment, table)
+    assert means["skybyte-full"]["flash_traffic_reduction"] == 400.0  # (100 + 300) / (0 + 1)
+    assert means["base-cssd"]["flash_traffic_reduction"] == 1.0
+    assert means["dram-only"]["flash_traffic_reduction"] is None  # no flash at all
+
+
 def test_a_corrupt_points_file_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / POINTS_FILE).write_text("not json\n")
     with pytest.raises(Exception, match="not a results row"):
