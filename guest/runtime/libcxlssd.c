@@ -265,12 +265,15 @@ int cxlssd_cxl_node(void)
  * CXL range, reporting each moved one; the pages moved, or -1. */
 static long move_range(const void *addr, unsigned long bytes, int to_dram)
 {
-    unsigned long long base, size;
-    const int node = to_dram ? 0 : cxlssd_cxl_node();
-    if (cxlssd_cxl_range(&base, &size) != 0 || node < 0) {
+    /* Looked up once: the region and its node do not change while the program runs,
+     * and sysfs reads inside a region of interest would be modelled time. */
+    static unsigned long long base, size;
+    static int cxl_node = -1;
+    if (cxl_node < 0 && (cxlssd_cxl_range(&base, &size) != 0 || (cxl_node = cxlssd_cxl_node()) < 0)) {
         errno = ENODEV;
         return -1;
     }
+    const int node = to_dram ? 0 : cxl_node;
     int pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
     if (pagemap < 0) {
         return -1;
@@ -300,11 +303,16 @@ static long move_range(const void *addr, unsigned long bytes, int to_dram)
             close(pagemap);
             return -1;
         }
+        /* where the moved pages are now: the batch's entries again, in one read */
+        if (k > 0 && pread(pagemap, entries, n * 8, (off_t)(at >> 12) * 8) != (ssize_t)(n * 8)) {
+            close(pagemap);
+            return -1;
+        }
         for (unsigned i = 0; i < k; i++) {
-            uint64_t entry = 0;
-            if (status[i] != node || pread(pagemap, &entry, 8, (off_t)((uintptr_t)pages[i] >> 12) * 8) != 8) {
+            if (status[i] != node) {
                 continue; /* the kernel could not move it (busy, pinned): left where it was */
             }
+            const uint64_t entry = entries[((uintptr_t)pages[i] - at) >> 12];
             /* (a demotion lands on any free device page: the plugin reports the page's
              * original one, which it knows from the promotion) */
             uint64_t device_pa = to_dram ? pfns[i] << 12 : (entry & PFN_MASK) << 12;
