@@ -50,7 +50,12 @@ from cxlssd.firmware.context_switch import (
 )
 from cxlssd.firmware.flash import FlashBackend
 from cxlssd.firmware.ftl import GC_VICTIM_POLICIES, PageFtl
-from cxlssd.firmware.migration import MIGRATION_POLICIES, MigrationConfig, MigrationPolicy
+from cxlssd.firmware.migration import (
+    MIGRATION_POLICIES,
+    MigrationConfig,
+    MigrationPolicy,
+    SkyByteThreshold,
+)
 from cxlssd.firmware.profile import Profile
 from cxlssd.firmware.request import (
     FLAG_DIRTY,
@@ -79,19 +84,43 @@ _VEC_START, _VEC_MIN, _VEC_MAX, _SCALAR_RUN = 256, 64, 1 << 16, 1024
 
 @dataclass(frozen=True)
 class Latencies:
-    """Fixed latencies (ns), SkyByte's by default."""
+    """The terms of SkyByte's latencies (ns). Its published figures are totals as the
+    host sees them, and each term is counted once (shared/DESIGN.md section 1):
+
+    * SSD-DRAM hit (data cache or write log) = device DRAM 46 + CXL link 40 + index 72
+      = 158 ns (:attr:`hit_ns`);
+    * log append = device DRAM 46 + CXL link 40 = 86 ns (:attr:`log_append_ns`);
+    * flash read = the 158 ns path + the flash array's time (and its queueing): the
+      read is issued after the link and the index lookup, and the data is read from
+      the device DRAM once it is there;
+    * host DRAM (promoted pages, dram-only) = 46 ns.
+    """
 
     cxl_link_ns: int = 40
     index_ns: int = 72
-    log_append_ns: int = 86
-    hit_ns: int = 158
+    device_dram_ns: int = 46
     host_dram_ns: int = 46
+
+    @property
+    def hit_ns(self) -> int:
+        """An SSD-DRAM hit, as the host sees it."""
+        return self.device_dram_ns + self.cxl_link_ns + self.index_ns
+
+    @property
+    def log_append_ns(self) -> int:
+        """A write-log append, as the host sees it."""
+        return self.device_dram_ns + self.cxl_link_ns
+
+    @property
+    def flash_issue_ns(self) -> int:
+        """From a request's start to its flash read's issue (a miss in the index)."""
+        return self.cxl_link_ns + self.index_ns
 
     def by_source(self) -> np.ndarray:
         """Latency of a simple (non-flash) access by :class:`Source` (reads; appends
-        use ``cxl_link_ns + log_append_ns``)."""
+        take :attr:`log_append_ns`)."""
         table = np.zeros(len(Source), dtype=np.int64)
-        table[Source.LOG] = table[Source.CACHE] = self.cxl_link_ns + self.hit_ns
+        table[Source.LOG] = table[Source.CACHE] = self.hit_ns
         table[Source.PROMOTED] = table[Source.DRAM] = self.host_dram_ns
         return table
 
@@ -165,7 +194,9 @@ class Controller:
         self.set_latencies()  # derived per-source latencies
         self._seq = 0  # requests served so far (recency stamps)
         self._vcpu_stall_ns = [0] * (1 << 16)  # charged stall per vCPU (compute timebase)
-        self._vec_window = _VEC_START
+        # numpy runs assume a constant promotion threshold: not for per-access policies
+        self._numpy_runs = vectorize and not (migration is not None and migration.per_access)
+        self._vec_window = _VEC_START if self._numpy_runs else 0
         self._clock_ns = 0
         # promotion state, per device page
         self.promoted = np.zeros(device_pages, dtype=bool)
@@ -180,6 +211,9 @@ class Controller:
         self._host_pages: dict[int, int] = {}
         self._host_total = 0
         self._pending_demotions: set[int] = set()
+        # per page, when its last flash fill is done, less the link and index a hit
+        # passes first: a hit that starts earlier waits the difference
+        self.fill_done_ns = np.zeros(device_pages, dtype=np.int64)
         self.hit_count = np.zeros(device_pages, dtype=np.uint16)
         self.hit_epoch = np.zeros(device_pages, dtype=np.int32)  # window of hit_count
         self._epoch = 0
@@ -211,8 +245,8 @@ class Controller:
             GC_VICTIM_POLICIES.get(p["gc.victim"])(), p["flash.precondition"],
         )
         flash = FlashBackend(ftl, timeline)
-        log_bytes = p["write_log.size_bytes"] if p["write_log.enabled"] else 0
-        cache_pages = (p["ssd_dram.size_bytes"] - log_bytes) // PAGE_BYTES
+        log_bytes = p.capacity_bytes("write_log.size_bytes") if p["write_log.enabled"] else 0
+        cache_pages = (p.capacity_bytes("ssd_dram.size_bytes") - log_bytes) // PAGE_BYTES
         ways = p["cache.ways"]
         policy = REPLACEMENT_POLICIES.get(p["cache.policy"])(cache_pages // ways * ways)
         cache = DataCache(device_pages, cache_pages, ways, policy)
@@ -220,7 +254,7 @@ class Controller:
         if p["write_log.enabled"]:
             write_log = WriteLog(
                 device_pages, log_bytes // p["write_log.entry_bytes"],
-                p["write_log.flush_threshold"], cache, flash,
+                p["write_log.flush_threshold"], cache, flash, p["write_log.compact_to"],
             )
         migration = None
         if p["migration.enabled"]:
@@ -236,7 +270,7 @@ class Controller:
         return cls(
             device_pages=device_pages, latencies=latencies, cache=cache, flash=flash,
             write_log=write_log, migration=migration,
-            host_capacity_pages=p["migration.host_capacity_bytes"] // PAGE_BYTES,
+            host_capacity_pages=p.capacity_bytes("migration.host_capacity_bytes") // PAGE_BYTES,
             auto_apply=p["migration.auto_apply"], context_switch=switch,
             timebase=timebase, vectorize=vectorize,
         )
@@ -273,7 +307,7 @@ class Controller:
                 self._run_scalar(requests, out, pos, stop)
             elif self.vectorize:
                 stop = min(n, pos + _SCALAR_RUN)
-                if self._run_fast(requests, out, pos, stop) >= _VEC_MIN:
+                if self._run_fast(requests, out, pos, stop) >= _VEC_MIN and self._numpy_runs:
                     self._vec_window = _VEC_MIN
             else:
                 stop = min(n, pos + _SCALAR_RUN)
@@ -344,8 +378,8 @@ class Controller:
         (firmware knobs); the derived per-source latencies follow."""
         self.latencies = replace(self.latencies, **changes)
         self._lat_table = self.latencies.by_source()
-        self._lat_hit = self.latencies.cxl_link_ns + self.latencies.hit_ns
-        self._lat_append = self.latencies.cxl_link_ns + self.latencies.log_append_ns
+        self._lat_hit = self.latencies.hit_ns
+        self._lat_append = self.latencies.log_append_ns
 
     def flash_timeline(self) -> FlashTimeline:
         """The flash timing model (its read/program/erase times can change at run time)."""
@@ -482,8 +516,9 @@ class Controller:
         lat_dram = self.latencies.host_dram_ns
         lat_hit = self._lat_hit
         lat_append = self._lat_append
-        lat_link = self.latencies.cxl_link_ns
-        lat_index = self.latencies.index_ns
+        lat_issue = self.latencies.flash_issue_ns
+        lat_device = self.latencies.device_dram_ns
+        fill_done = self.fill_done_ns.data
         # context switch: the two shipped policies inline, any other through its method
         cs = self.context_switch
         switch_cost = cs.switch_cost_ns
@@ -513,17 +548,27 @@ class Controller:
         wlog = self.log
         if wlog is not None:
             log_mask = wlog.mask.data
-            live, inflight = wlog.live, wlog.inflight
+            page_entries = wlog.page_entries.data
+            page_first = wlog.page_first.data
+            used, inflight, appended = wlog.used, wlog.inflight, wlog.appended
             inflight_done = wlog.inflight_done_ns
             flush_level, log_capacity = wlog.flush_level, wlog.capacity
-        log_appends = log_overwrites = 0
+        log_appends = log_invalidations = 0
         # migration
         mig = self.migration
+        per_access = False
         if mig is not None:
             pending = self.pending.data
             hit_count = self.hit_count.data
             hit_epoch = self.hit_epoch.data
             threshold = mig.threshold
+            window_size = mig.window_accesses
+            per_access = mig.per_access
+            # the shipped per-access rule inline, any other through its method
+            skybyte_rule = mig.config if type(mig) is SkyByteThreshold else None
+            if skybyte_rule is not None:
+                raise_share = skybyte_rule.raise_at_or_below_share
+                max_threshold = skybyte_rule.max_threshold
         epoch = self._epoch
         window_left = self._window_left
         window_promoted = self._window_promoted
@@ -548,31 +593,28 @@ class Controller:
                     if write:
                         promoted_dirty[page] = True
                 else:
-                    hit = True
                     line = (addr >> 6) & 63
+                    append = False
                     if wlog is not None and write:
-                        latency, source = lat_append, 1  # Source.LOG
+                        latency, source, append = lat_append, 1, True  # Source.LOG
                         bit = 1 << line
                         old = log_mask[page]
-                        if old & bit:
-                            append = 0
-                        else:
-                            append = 1
-                            if inflight and start >= inflight_done:  # WriteLog._retire
-                                inflight = 0
-                            if live + 1 >= flush_level or live + inflight + 1 > log_capacity:
-                                slow = True  # a flush or a stall: WriteLog.append
+                        if inflight and start >= inflight_done:  # WriteLog.retire
+                            inflight = 0
+                        if used + 1 >= flush_level or used + inflight + 1 > log_capacity:
+                            slow = True  # a compaction or a stall: WriteLog.append
                     elif wlog is not None and log_mask[page] >> line & 1:
-                        latency, source, append = lat_hit, 1, -1  # Source.LOG
+                        latency, source = lat_hit, 1  # Source.LOG
                     else:
-                        append = -1
                         slot = slot_of_page[page]
                         if slot >= 0:
                             latency, source = lat_hit, 2  # Source.CACHE
+                            if fill_done[page] > start:  # the page's fill is still in flight
+                                latency += fill_done[page] - start
                         else:
-                            hit = False
                             source = 3  # Source.FLASH
-                    counting = hit and mig is not None and not pending[page]
+                    # SkyByte counts data-cache hits only (not log hits or appends)
+                    counting = source == 2 and mig is not None and not pending[page]
                     if counting:
                         count = hit_count[page] + 1 if hit_epoch[page] == epoch else 1
                         if count >= threshold:
@@ -586,29 +628,46 @@ class Controller:
                             if write:
                                 cache_dirty[slot] = True
                         elif source == 3:  # a miss, as in _miss
-                            done = flash_read(page, start + lat_index)
+                            done = flash_read(page, start + lat_issue)
+                            fill_done[page] = done - lat_issue
                             victim, victim_dirty = cache_insert(page, seq, write)
                             if victim_dirty:
                                 flash_program(victim, start)
-                            latency = lat_link + done - start
+                            if mig is not None and victim >= 0:
+                                hit_count[victim] = 0  # a count lives while the page is cached
+                            latency = done + lat_device - start
                             last_complex = i
-                        elif append == 1:
+                        elif append:  # as WriteLog.append
                             log_mask[page] = old | bit
-                            live += 1
+                            if not page_entries[page]:
+                                page_first[page] = appended
+                            page_entries[page] += 1
+                            appended += 1
+                            used += 1
                             log_appends += 1
-                        elif append == 0:
-                            log_overwrites += 1
+                            if old & bit:
+                                log_invalidations += 1
                         if counting:
                             hit_count[page] = count if count < 0xFFFF else 0xFFFF
                             hit_epoch[page] = epoch
+                            if per_access:  # no promotion here: only a raise can happen
+                                share = window_promoted / (window_size - window_left + 1)
+                                if skybyte_rule is None:
+                                    mig.threshold = threshold
+                                    mig.counted_hit(share, False)
+                                    threshold = mig.threshold
+                                elif share <= raise_share and threshold < max_threshold:
+                                    threshold += 1
             if slow:
                 # hand over to the reference path with the state it reads
                 last_complex = i
                 stepped.append(i)
                 self._seq = seq
                 self._window_left, self._window_promoted = window_left, window_promoted
+                if mig is not None:
+                    mig.threshold = threshold
                 if wlog is not None:
-                    wlog.live, wlog.inflight = live, inflight
+                    wlog.used, wlog.inflight, wlog.appended = used, inflight, appended
                 start, latency, source, long_delay, promote, demote = step(
                     time_ns, addr, vcpu, op, int(chunk["flags"][i])
                 )
@@ -624,7 +683,7 @@ class Controller:
                 if mig is not None:
                     threshold = mig.threshold
                 if wlog is not None:
-                    live, inflight = wlog.live, wlog.inflight
+                    used, inflight, appended = wlog.used, wlog.inflight, wlog.appended
                     inflight_done = wlog.inflight_done_ns
                 continue
             seq += 1
@@ -641,16 +700,19 @@ class Controller:
                 window_left -= 1
                 if window_left == 0:
                     self._window_promoted = window_promoted
+                    mig.threshold = threshold
                     self._end_window()
                     epoch = self._epoch
                     window_left, window_promoted = self._window_left, self._window_promoted
                     threshold = mig.threshold
         self._seq = seq
         self._window_left, self._window_promoted = window_left, window_promoted
+        if mig is not None:
+            mig.threshold = threshold
         if wlog is not None:
-            wlog.live, wlog.inflight = live, inflight
+            wlog.used, wlog.inflight, wlog.appended = used, inflight, appended
             wlog.counters.appends += log_appends
-            wlog.counters.overwrites += log_overwrites
+            wlog.counters.invalidations += log_invalidations
         o = out[lo:hi]
         o["start_ns"] = starts
         o["latency_ns"] = lats
@@ -720,7 +782,7 @@ class Controller:
         else:
             c.reads += 1
         promote = demote = -1
-        hit = False  # served from SSD DRAM: counts towards promotion
+        hit = False  # served by the data cache: counts towards promotion (SkyByte)
         if self.dram_only:
             latency, source = self.latencies.host_dram_ns, Source.DRAM
         elif self.promoted[page]:
@@ -734,9 +796,9 @@ class Controller:
             wlog = self.log
             if wlog is not None and write:
                 ready = wlog.append(page, 1 << line, start)
-                latency, source, hit = ready - start + self._lat_append, Source.LOG, True
+                latency, source = ready - start + self._lat_append, Source.LOG
             elif wlog is not None and int(wlog.mask[page]) >> line & 1:
-                latency, source, hit = self._lat_hit, Source.LOG, True
+                latency, source = self._lat_hit, Source.LOG
             else:
                 assert self.cache is not None
                 slot = int(self.cache.slot_of_page[page])
@@ -744,7 +806,9 @@ class Controller:
                     self.cache.policy.hit(slot, seq)
                     if write:
                         self.cache.dirty[slot] = True
-                    latency, source, hit = self._lat_hit, Source.CACHE, True
+                    # an access to a page whose fill is in flight waits for the rest of it
+                    waiting = max(0, int(self.fill_done_ns[page]) - start)
+                    latency, source, hit = self._lat_hit + waiting, Source.CACHE, True
                     c.cache_hits += 1
                 else:
                     latency, source = self._miss(page, start, seq, write), Source.FLASH
@@ -773,11 +837,14 @@ class Controller:
         """Read ``page`` from flash into the cache; returns the request's latency."""
         assert self.flash is not None and self.cache is not None
         lat = self.latencies
-        done = self.flash.read(page, start + lat.index_ns)
+        done = self.flash.read(page, start + lat.flash_issue_ns)
+        self.fill_done_ns[page] = done - lat.flash_issue_ns
         victim, victim_dirty = self.cache.insert(page, seq, dirty)
         if victim_dirty:  # write-back in the background, after the read (read priority)
             self.flash.program(victim, start)
-        return lat.cxl_link_ns + done - start
+        if victim >= 0:
+            self.hit_count[victim] = 0  # a page's hit count lives while it is cached
+        return done + lat.device_dram_ns - start
 
     def _count_hit(self, page: int, now: int) -> tuple[int, int]:
         """Count an SSD-DRAM hit on ``page``; returns (promote, demote) decisions or -1."""
@@ -789,7 +856,9 @@ class Controller:
         self.hit_count[page] = min(count, 0xFFFF)
         self.hit_epoch[page] = self._epoch
         if count < self.migration.threshold:
+            self._adapt(False)
             return -1, -1
+        self.hit_count[page] = 0  # a promoted page counts afresh when it comes back
         self.counters.promotions_decided += 1
         demote = -1
         in_host = self._host_total if self.host_managed else len(self._promoted_set)
@@ -810,7 +879,16 @@ class Controller:
             self._pending_count += 1
             if demote >= 0:
                 self._pending_demotions.add(demote)
+        self._adapt(True)
         return page, demote
+
+    def _adapt(self, promoted: bool) -> None:
+        """After a counted data-cache hit: a per-access policy sees the window's
+        promoted share so far (this access included)."""
+        assert self.migration is not None
+        if self.migration.per_access:
+            seen = self.migration.window_accesses - self._window_left + 1
+            self.migration.counted_hit(self._window_promoted / seen, promoted)
 
     def _demotion_candidates(self) -> np.ndarray:
         """Promoted pages not already being demoted, sorted."""
@@ -868,6 +946,8 @@ class Controller:
             self.log.append(page, ALL_LINES, now)
         else:
             victim, victim_dirty = self.cache.insert(page, self._seq, dirty=True)
+            if victim >= 0:
+                self.hit_count[victim] = 0
             if victim_dirty:
                 assert self.flash is not None
                 self.flash.program(victim, now)
@@ -876,7 +956,8 @@ class Controller:
         assert self.migration is not None
         window = self.migration.window_accesses
         self.migration.end_window(window, self._window_promoted)
-        self._epoch += 1
+        if self.migration.window_resets_counts:
+            self._epoch += 1
         self._window_promoted = 0
         self._window_left = self.migration.window_accesses
 
@@ -911,6 +992,9 @@ class Controller:
                 source[appends | log_read] = Source.LOG
             else:
                 cache_hit = device & cached
+            if cache_hit.any():
+                # a hit on a page whose fill may still be in flight is not simple
+                cache_hit &= ~self._may_wait_for_fill(r, page)
             source[cache_hit] = Source.CACHE
             source[rw & promoted] = Source.PROMOTED
             simple = source != Source.NONE
@@ -918,10 +1002,10 @@ class Controller:
                 # a read of a line appended earlier in the run is a log hit, not a
                 # cache hit: the run's classification holds only up to there
                 simple &= ~self._reads_of_new_lines(page, line, appends, cache_hit)
-            counted = simple & ((source == Source.LOG) | (source == Source.CACHE))
+            counted = simple & (source == Source.CACHE)
         k = int(np.argmin(simple)) if not simple.all() else hi - lo
         if appends is not None and k:
-            k = self._appends_allowed(page[:k], line[:k], logged[:k], appends[:k], k)
+            k = self._appends_allowed(appends[:k], k)
         if counted is not None and self.migration is not None and k:
             k = self._hits_allowed(page[:k], counted[:k], k)
         if k == 0:
@@ -929,6 +1013,16 @@ class Controller:
         self._commit_simple(r[:k], out, lo, page[:k], source[:k], write[:k],
                             None if appends is None else line[:k])
         return k
+
+    def _may_wait_for_fill(self, r: np.ndarray, page: np.ndarray) -> np.ndarray:
+        """Requests that might meet their page's fill in flight: their earliest
+        possible start (stalls only grow) is before the fill is done."""
+        floor = r["time_ns"].astype(np.int64)
+        if self.compute_timebase:
+            vcpu = r["vcpu"]
+            for v in np.unique(vcpu).tolist():
+                floor[vcpu == v] += self._vcpu_stall_ns[v]
+        return self.fill_done_ns[page] > floor
 
     @staticmethod
     def _reads_of_new_lines(
@@ -946,24 +1040,15 @@ class Controller:
         bad[read_at] = (appended[where] == ids[read_at]) & (append_at[first[where]] < read_at)
         return bad
 
-    def _appends_allowed(
-        self, page: np.ndarray, line: np.ndarray, logged: np.ndarray, appends: np.ndarray, k: int
-    ) -> int:
-        """Cut ``k`` before the log append that would reach the flush level or stall."""
+    def _appends_allowed(self, appends: np.ndarray, k: int) -> int:
+        """Cut ``k`` before the log append that would start a compaction or stall."""
         assert self.log is not None
         wlog = self.log
         index = np.flatnonzero(appends)
-        if index.size == 0:
+        allowed = min(wlog.flush_level - 1 - wlog.used, wlog.capacity - wlog.used - wlog.inflight)
+        if index.size <= allowed:
             return k
-        lines = page[index] * 64 + line[index].astype(np.int64)
-        first = np.zeros(index.size, dtype=bool)
-        first[np.unique(lines, return_index=True)[1]] = True
-        new = first & ~logged[index]
-        allowed = min(wlog.flush_level - 1 - wlog.live, wlog.capacity - wlog.live - wlog.inflight)
-        total = np.cumsum(new)
-        if total[-1] <= allowed:
-            return k
-        return int(index[np.searchsorted(total, max(allowed, 0) + 1)])
+        return int(index[max(allowed, 0)])
 
     def _hits_allowed(self, page: np.ndarray, counted: np.ndarray, k: int) -> int:
         """Cut ``k`` before the hit that brings a page's count to the threshold."""
@@ -992,16 +1077,23 @@ class Controller:
         return k
 
     def _commit_appends(self, pages: np.ndarray, lines: np.ndarray) -> None:
-        """Log-append lines ``lines`` of ``pages`` (known not to reach the flush level)."""
+        """Append lines ``lines`` of ``pages`` in order (known not to start a compaction
+        or stall), as :meth:`WriteLog.append` would one by one."""
         assert self.log is not None
         wlog = self.log
+        n = int(pages.size)
         unique = np.unique(pages * 64 + lines.astype(np.int64))
         upages, ulines = unique >> 6, (unique & _LINE_MASK).astype(np.uint64)
-        added = int(np.count_nonzero((wlog.mask[upages] >> ulines) & np.uint64(1) == 0))
+        new_lines = int(np.count_nonzero((wlog.mask[upages] >> ulines) & np.uint64(1) == 0))
         np.bitwise_or.at(wlog.mask, upages, np.left_shift(np.uint64(1), ulines))
-        wlog.live += added
-        wlog.counters.appends += added
-        wlog.counters.overwrites += int(pages.size) - added
+        touched, first, count = np.unique(pages, return_index=True, return_counts=True)
+        fresh = wlog.page_entries[touched] == 0
+        wlog.page_first[touched[fresh]] = wlog.appended + first[fresh]
+        wlog.page_entries[touched] += count
+        wlog.appended += n
+        wlog.used += n
+        wlog.counters.appends += n
+        wlog.counters.invalidations += n - new_lines
 
     def _commit_simple(
         self, r: np.ndarray, out: np.ndarray, lo: int, page: np.ndarray, source: np.ndarray,

@@ -28,6 +28,8 @@ PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 #: of their numbers in the paravirtual page
 TASK_SCHEDULERS = ("round-robin", "earliest-ready")
 BASE_PROFILE = "base-cssd"
+#: capacities that ``scale.capacity_divisor`` divides together (a scaled-down run)
+SCALED_CAPACITIES = ("ssd_dram.size_bytes", "write_log.size_bytes", "migration.host_capacity_bytes")
 
 #: NAND timing presets (ns). ULL is SkyByte's; SLC/MLC/TLC are typical datasheet
 #: values (see docs/firmware.md), not numbers from the paper.
@@ -190,6 +192,11 @@ class Profile:
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
 
+    def capacity_bytes(self, key: str) -> int:
+        """The capacity ``key`` the model gets: the profile's value divided by
+        ``scale.capacity_divisor``, rounded down to whole pages."""
+        return _scaled(self.values, key)
+
     @property
     def tree(self) -> dict[str, Any]:
         """The nested form (as in the YAML), for writing into results."""
@@ -238,6 +245,11 @@ def load_profile(name: str, overrides: Iterable[str] | Mapping[str, Any] = ()) -
     return base.with_overrides(updates) if updates else base
 
 
+def _scaled(v: Mapping[str, Any], key: str) -> int:
+    """``v[key]`` (one of :data:`SCALED_CAPACITIES`) after the capacity divisor."""
+    return int(v[key]) // v["scale.capacity_divisor"] // PAGE_BYTES * PAGE_BYTES
+
+
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ConfigError(message)
@@ -267,8 +279,10 @@ def _validate(v: dict[str, Any]) -> None:
              f"flash.pages_per_block must be at least 1, got {v['flash.pages_per_block']}")
     _fraction(v, "flash.overprovisioning", 0, 4)
     _fraction(v, "gc.free_threshold", 0, 0.99)
-    dram = v["ssd_dram.size_bytes"]
-    log = v["write_log.size_bytes"] if v["write_log.enabled"] else 0
+    _require(v["scale.capacity_divisor"] >= 1,
+             f"scale.capacity_divisor must be at least 1, got {v['scale.capacity_divisor']}")
+    dram = _scaled(v, "ssd_dram.size_bytes")
+    log = _scaled(v, "write_log.size_bytes") if v["write_log.enabled"] else 0
     _require(
         log <= dram,
         f"write_log.size_bytes ({log}) is larger than ssd_dram.size_bytes ({dram}); "
@@ -286,10 +300,15 @@ def _validate(v: dict[str, Any]) -> None:
     if v["write_log.enabled"]:
         _require(v["write_log.entry_bytes"] > 0, "write_log.entry_bytes must be positive")
         # A dirty demotion logs a whole page at once: the log must hold one.
-        _require(v["write_log.size_bytes"] // v["write_log.entry_bytes"] >= LINES_PER_PAGE,
+        _require(log // v["write_log.entry_bytes"] >= LINES_PER_PAGE,
                  f"write_log.size_bytes holds fewer than {LINES_PER_PAGE} entries "
-                 "(one page of lines, what a dirty demotion logs at once): raise it")
+                 "(one page of lines, what a dirty demotion logs at once; after "
+                 "scale.capacity_divisor): raise it")
         _fraction(v, "write_log.flush_threshold", 0.001, 1)
+        _require(0 <= v["write_log.compact_to"] < v["write_log.flush_threshold"],
+                 f"write_log.compact_to ({v['write_log.compact_to']}) must be at least 0 and "
+                 f"below write_log.flush_threshold ({v['write_log.flush_threshold']}): "
+                 "compaction runs from the flush threshold down to it")
     lo, hi = v["migration.min_threshold"], v["migration.max_threshold"]
     start = v["migration.initial_threshold"]
     _require(1 <= lo <= start <= hi,

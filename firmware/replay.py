@@ -79,8 +79,9 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     if "write_log" in counters:
         w = counters["write_log"]
         lines.append(
-            f"write log: {w['appends']} appends, {w['overwrites']} overwrites, "
-            f"{w['flushes']} flushes ({w['flushed_pages']} pages), {w['full_stalls']} full stalls"
+            f"write log: {w['appends']} appends, {w['invalidations']} invalidations, "
+            f"{w['compactions']} compactions ({w['programs']} page programs, {w['merge_reads']} "
+            f"merge reads), {w['full_stalls']} full stalls"
         )
     for roi in result.get("rois", []):
         model = roi["device"]["model"]

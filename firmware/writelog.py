@@ -1,17 +1,20 @@
-"""Cacheline write log: the part of the SSD DRAM that absorbs host writes.
+"""Cacheline write log: the part of the SSD DRAM that absorbs host writes (SkyByte).
 
-Each entry is one 64 B line plus its 8 B address (72 B). The index from line address
-to entry is a per-page 64-bit mask (bit ``i`` = line ``i`` of the page is logged): a
-rewrite of a logged line overwrites its entry in place. When the number of entries
-reaches ``flush_threshold x capacity`` the log flushes *all* its entries in the
-background: lines are coalesced by page; a page is read from flash first only when
-it is neither fully logged nor in the data cache; then the page is programmed once.
-Flushed entries keep their space until the flush's programs are estimated done, so
-writes arriving while the log is full stall until then.
+Each entry is one 64 B line plus its 8 B address (72 B). Every write *appends* an
+entry; if the line was logged already, its older entry is invalidated (it still
+occupies space until compaction). The index from line address to its valid entry is
+a per-page 64-bit mask (bit ``i`` = line ``i`` of the page has a valid entry).
 
-``program_interval_ns`` (0: off; the ``flush-throttle`` knob) throttles flushing to
-at most one page program per interval: a flush of P pages then holds its entries'
-space for at least P x interval after it starts, so the log fills and appends stall.
+Compaction starts when the entries in use (valid and invalidated) reach
+``flush_threshold x capacity`` and runs down to ``compact_to x capacity``: it takes
+pages in the order of their oldest entry, merges each page's valid lines into one
+page (reading the old page from flash only when it is neither fully logged nor in
+the data cache) and programs it once. The compacted entries keep their space until
+the programs are estimated done; appends that find the log full stall until then.
+
+``program_interval_ns`` (0: off; the ``flush-throttle`` knob) throttles compaction to
+at most one page program per interval: a compaction of P pages then holds its
+entries' space for at least P x interval after it starts.
 """
 
 from __future__ import annotations
@@ -29,13 +32,15 @@ ALL_LINES = (1 << LINES_PER_PAGE) - 1
 
 @dataclass
 class LogCounters:
-    appends: int = 0  # entries added
-    overwrites: int = 0  # writes to a line already logged
-    flushes: int = 0
-    flushed_entries: int = 0
-    flushed_pages: int = 0  # pages programmed by flushes
-    flushed_full_pages: int = 0  # ... that were fully logged (no merge read)
-    flushed_cached_pages: int = 0  # ... merged with their cached copy (no merge read)
+    appends: int = 0  # entries written (one per line write)
+    invalidations: int = 0  # appends that invalidated an older entry of the same line
+    compactions: int = 0
+    compacted_entries: int = 0  # entries freed by compactions (valid and invalidated)
+    compacted_lines: int = 0  # valid lines merged into pages
+    programs: int = 0  # pages programmed by compactions
+    merge_reads: int = 0  # ... that needed the old page from flash first
+    full_pages: int = 0  # ... that were fully logged (no merge read)
+    cached_pages: int = 0  # ... merged with their cached copy (no merge read)
     full_stalls: int = 0  # appends that waited for space
     full_stall_ns: int = 0
 
@@ -44,7 +49,7 @@ class LogCounters:
 
 
 class WriteLog:
-    """Line-granular write log in front of the data cache and the flash."""
+    """Line-granular, append-only write log in front of the data cache and the flash."""
 
     def __init__(
         self,
@@ -53,34 +58,45 @@ class WriteLog:
         flush_threshold: float,
         cache: DataCache,
         flash: FlashBackend,
+        compact_to: float = 0.0,
     ) -> None:
         self.capacity = capacity_entries
         self.flush_level = max(1, int(flush_threshold * capacity_entries))
+        self.low_level = min(int(compact_to * capacity_entries), self.flush_level - 1)
         self.cache = cache
         self.flash = flash
-        self.mask = np.zeros(device_pages, dtype=np.uint64)
-        self.live = 0  # entries in the index
-        self.inflight = 0  # entries of the flush in progress (space not yet reusable)
+        self.mask = np.zeros(device_pages, dtype=np.uint64)  # valid lines per page
+        self.page_entries = np.zeros(device_pages, dtype=np.int64)  # entries in use per page
+        self.page_first = np.zeros(device_pages, dtype=np.int64)  # append number of its oldest
+        self.used = 0  # entries in use (valid + invalidated), outside a compaction
+        self.inflight = 0  # entries of the compaction in progress (space not yet reusable)
         self.inflight_done_ns = 0
+        self.appended = 0  # appends so far (orders pages by their oldest entry)
         self.program_interval_ns = 0
         self.counters = LogCounters()
 
     def contains(self, page: int, line: int) -> bool:
         return bool(int(self.mask[page]) >> line & 1)
 
-    def _retire(self, time_ns: int) -> None:
+    @property
+    def valid(self) -> int:
+        """Entries that hold the newest copy of their line."""
+        return sum(int(m).bit_count() for m in self.mask[np.flatnonzero(self.mask)])
+
+    def retire(self, time_ns: int) -> None:
+        """Free the space of a compaction whose programs are done by ``time_ns``."""
         if self.inflight and time_ns >= self.inflight_done_ns:
             self.inflight = 0
 
     def _make_room(self, entries: int, time_ns: int) -> int:
-        """Time at which ``entries`` more entries fit (stalling for a flush if needed)."""
+        """Time at which ``entries`` more entries fit (stalling for a compaction if needed)."""
         if entries > self.capacity:  # would wait forever; the profile check prevents it
             raise ValueError(f"{entries} entries can never fit a log of {self.capacity}")
-        self._retire(time_ns)
+        self.retire(time_ns)
         start = time_ns
-        while self.live + self.inflight + entries > self.capacity:
+        while self.used + self.inflight + entries > self.capacity:
             if not self.inflight:
-                self.flush(time_ns)
+                self.compact(time_ns, self.used + entries - self.capacity)
             time_ns = max(time_ns, self.inflight_done_ns)
             self.inflight = 0
         if time_ns > start:
@@ -89,38 +105,48 @@ class WriteLog:
         return time_ns
 
     def append(self, page: int, line_mask: int, time_ns: int) -> int:
-        """Log the lines ``line_mask`` of ``page`` at ``time_ns``; returns when it was done
-        (later than ``time_ns`` only if the log was full)."""
+        """Append the lines ``line_mask`` of ``page`` at ``time_ns``; returns when it was
+        done (later than ``time_ns`` only if the log was full)."""
+        entries = line_mask.bit_count()
+        time_ns = self._make_room(entries, time_ns)
         old = int(self.mask[page])
-        new = line_mask & ~old
-        added = new.bit_count()
-        self.counters.overwrites += line_mask.bit_count() - added
-        if not added:
-            return time_ns
-        time_ns = self._make_room(added, time_ns)
-        self.mask[page] = old | new
-        self.live += added
-        self.counters.appends += added
-        if self.live >= self.flush_level:
-            self._retire(time_ns)
-            if not self.inflight:  # else: flush again once the one in progress is done
-                self.flush(time_ns)
+        self.mask[page] = old | line_mask
+        if not self.page_entries[page]:
+            self.page_first[page] = self.appended
+        self.page_entries[page] += entries
+        self.appended += entries
+        self.used += entries
+        self.counters.appends += entries
+        self.counters.invalidations += (line_mask & old).bit_count()
+        if self.used >= self.flush_level:
+            self.retire(time_ns)
+            if not self.inflight:  # else: compact once the one in progress is done
+                self.compact(time_ns)
         return time_ns
 
-    def flush(self, time_ns: int) -> None:
-        """Write every logged page to flash, coalesced, starting at ``time_ns``."""
-        pages = np.flatnonzero(self.mask)
+    def compact(self, time_ns: int, at_least: int = 0) -> None:
+        """Merge the oldest pages' lines into flash, starting at ``time_ns``, until the
+        log is down to its low-water mark (and at least ``at_least`` entries are freed)."""
+        pages = np.flatnonzero(self.page_entries)
         if pages.size == 0:
             return
+        goal = max(self.used - self.low_level, at_least)
+        if goal < self.used:  # oldest first, until enough entries are freed
+            pages = pages[np.argsort(self.page_first[pages], kind="stable")]
+            freed = np.cumsum(self.page_entries[pages])
+            pages = pages[: int(np.searchsorted(freed, goal)) + 1]
         masks = self.mask[pages]
+        entries = int(self.page_entries[pages].sum())
         self.mask[pages] = 0
+        self.page_entries[pages] = 0
         full = masks == np.uint64(ALL_LINES)
         slots = self.cache.slot_of_page[pages]
         cached = slots >= 0
+        needs_old = ~(full | cached)
         done = time_ns
         flash = self.flash
-        for page, needs_old in zip(pages.tolist(), (~(full | cached)).tolist(), strict=True):
-            if needs_old:
+        for page, merge in zip(pages.tolist(), needs_old.tolist(), strict=True):
+            if merge:
                 flash.read(page, time_ns, cause="merge")
             done = max(done, flash.program(page, time_ns))
         if self.program_interval_ns:
@@ -128,11 +154,13 @@ class WriteLog:
         # cached copies now hold the merged data, which is on flash: they are clean
         self.cache.dirty[slots[cached]] = False
         c = self.counters
-        c.flushes += 1
-        c.flushed_entries += self.live
-        c.flushed_pages += int(pages.size)
-        c.flushed_full_pages += int(np.count_nonzero(full))
-        c.flushed_cached_pages += int(np.count_nonzero(cached & ~full))
-        self.inflight += self.live
+        c.compactions += 1
+        c.compacted_entries += entries
+        c.compacted_lines += sum(int(m).bit_count() for m in masks.tolist())
+        c.programs += int(pages.size)
+        c.merge_reads += int(np.count_nonzero(needs_old))
+        c.full_pages += int(np.count_nonzero(full))
+        c.cached_pages += int(np.count_nonzero(cached & ~full))
+        self.used -= entries
+        self.inflight += entries
         self.inflight_done_ns = max(self.inflight_done_ns, done)
-        self.live = 0

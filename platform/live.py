@@ -204,7 +204,8 @@ class LiveSession(Lifecycle):
         self.profile: Profile = load_profile(design, self.overrides)  # bad names fail before anything starts
         self.dram_only = self.profile["kind"] == "dram-only"
         self.promotes = bool(self.profile["migration.enabled"]) and not self.dram_only
-        budget, dram = self.profile["migration.host_capacity_bytes"], platform.config.guest.dram_bytes
+        budget = self.profile.capacity_bytes("migration.host_capacity_bytes")
+        dram = platform.config.guest.dram_bytes
         if self.promotes and budget > dram:
             raise ConfigError(
                 f"migration.host_capacity_bytes ({format_size(budget)}) is larger than the guest's DRAM "
@@ -246,7 +247,11 @@ class LiveSession(Lifecycle):
                 {"pid": self._firmware.pid, "design": self.design, "overrides": self._firmware.overrides}
             ))
             counters = platform.plugin_counters()
-            counters.set_clock(platform.config.cpu.insn_ps, self.profile["latency.host_dram_ns"] * 1000)
+            profile = self.profile
+            counters.set_clock(
+                platform.config.cpu.insn_ps, profile["latency.host_dram_ns"] * 1000,
+                store_miss_write=profile["write_log.enabled"] and profile["write_log.store_miss_to_log"],
+            )
             counters.set_mode(True)
         except BaseException:
             self.abort()

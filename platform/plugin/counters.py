@@ -69,6 +69,7 @@ _HEADER = {
     "roi_events": (104, np.uint64),
     "activations": (112, np.uint32),
     "markers_ignored": (116, np.uint32),
+    "store_miss_write": (120, np.uint32),
 }
 # Fields of a window slot and of a vCPU slot, in order, each a u64.
 WINDOW_FIELDS = ("base", "size", "loads", "stores", "lines_touched", "flags", "dpa_base")
@@ -385,13 +386,16 @@ class PluginCounters(Lifecycle):
         """ROI markers the guest executed while the plugin was dormant."""
         return self._u32_field("markers_ignored")
 
-    def set_clock(self, insn_ps: int, dram_ps: int) -> None:
-        """Set the clock parameters the plugin takes at its next activation."""
+    def set_clock(self, insn_ps: int, dram_ps: int, store_miss_write: bool = False) -> None:
+        """Set the parameters the plugin takes at its next activation: the clock's, and
+        whether an LLC store miss to CXL memory is a write to the device's log
+        (no fetch, SkyByte's W designs) rather than a read for ownership."""
         if not 0 < insn_ps <= 10**9 or not 0 <= dram_ps <= 10**9:
             raise ValueError(f"insn_ps {insn_ps} must be 1..1e9 and dram_ps {dram_ps} 0..1e9 (picoseconds)")
-        _, u64 = self._arrays()
+        u32, u64 = self._arrays()
         u64[_HEADER["insn_ps"][0] // 8] = insn_ps
         u64[_HEADER["dram_ps"][0] // 8] = dram_ps
+        u32[_HEADER["store_miss_write"][0] // 4] = int(store_miss_write)
 
     def set_mode(self, active: bool, wait_s: float = 60.0) -> None:
         """Ask the plugin to switch mode and wait until it has. The switch

@@ -73,9 +73,11 @@
  *   100  u32 ROI slots                 104 u64 ROI events recorded (beyond the
  *        slots they are counted, not kept)
  *   112  u32 activations               116 u32 markers ignored (dormant)
- *   120  reserved
- * The platform may rewrite insn_ps and dram_ps while dormant; the plugin reads
- * them when it activates.
+ *   120  u32 store misses: 0 read for ownership (the line is fetched),
+ *        1 written to the device's write log without a fetch (SkyByte's W designs)
+ *   124  reserved
+ * The platform may rewrite insn_ps, dram_ps and the store-miss mode while
+ * dormant; the plugin reads them when it activates.
  *   window slot i, 64 bytes at window_offset + 64 i:
  *     0 base  8 size  16 loads  24 stores  32 lines touched
  *     40 flags: 0 published, 2 accepted (counting), 1 rejected (message on stderr)
@@ -218,7 +220,7 @@ struct header {
     uint32_t roi_offset, roi_slots;
     uint64_t roi_events;
     uint32_t activations, markers_ignored;
-    uint64_t reserved;
+    uint32_t store_miss_write, reserved;
 };
 
 struct window_slot {
@@ -344,6 +346,7 @@ static struct {
     struct request *records;
     uint64_t ring_mask, ring_head; /* private copy of head (single producer) */
     uint64_t timeout_ns, insn_ps, dram_ps;
+    uint32_t store_miss_write; /* an LLC store miss to CXL memory is a log write, not a fetch */
     int ring_given_up;
 
     /* Mode: `active` changes only inside the reset callback (all vCPUs stopped). */
@@ -572,10 +575,10 @@ static void ring_publish(struct request *rec, uint64_t time_ps, uint64_t addr, u
     __atomic_store_n(&P.ring->head, P.ring_head, __ATOMIC_RELEASE);
 }
 
-/* A read is issued at the vCPU's local clock; the firmware adds its latency
- * to the vCPU's stall. A write-back is posted: it never stalls the vCPU. */
+/* A request is issued at the vCPU's local clock; the firmware adds its latency
+ * to the vCPU's stall unless it is posted (a write-back never stalls the vCPU). */
 static void device_request(unsigned int vcpu, struct vcpu_slot *s, const struct window *w, uint64_t line,
-                           uint8_t op, uint64_t now_ps)
+                           uint8_t op, int posted, uint64_t now_ps)
 {
     if (op == OP_READ) {
         BUMP(&s->dev_reads);
@@ -590,7 +593,7 @@ static void device_request(unsigned int vcpu, struct vcpu_slot *s, const struct 
         BUMP(&s->dev_dropped);
         return;
     }
-    uint8_t flags = op == OP_WRITE ? FLAG_POSTED : 0;
+    uint8_t flags = posted ? FLAG_POSTED : 0;
     if (op == OP_READ && P.query_state != NULL && P.query_state[vcpu] == QUERY_ARMED) {
         flags = FLAG_QUERY;
         P.query_state[vcpu] = QUERY_SENT;
@@ -644,8 +647,13 @@ static void llc_access(unsigned int vcpu, struct vcpu_slot *s, uint64_t line, in
     set[0] = key | (uint64_t)store;
     BUMP(&s->llc_misses[cxl]);
     uint64_t now_ps = clock_at(vcpu, s, insns);
-    if (w != NULL) {
-        device_request(vcpu, s, w, line, OP_READ, now_ps); /* fill (read for ownership on a store) */
+    if (w != NULL && store && P.store_miss_write) {
+        /* SkyByte's W designs: the store's line goes to the write log without a
+         * fetch (the CPU waits for the append); the log holds it, so the LLC's copy is clean. */
+        set[0] = key;
+        device_request(vcpu, s, w, line, OP_WRITE, 0, now_ps);
+    } else if (w != NULL) {
+        device_request(vcpu, s, w, line, OP_READ, 0, now_ps); /* fill (read for ownership on a store) */
     } else {
         STORE_RELAXED(&s->local_ps, now_ps + P.dram_ps); /* blocking read from DRAM */
         if (P.n_promoted) {
@@ -657,7 +665,7 @@ static void llc_access(unsigned int vcpu, struct vcpu_slot *s, uint64_t line, in
         struct window *vw = find_window(vline << LINE_SHIFT, known);
         BUMP(&s->writebacks[vw != NULL]);
         if (vw != NULL) {
-            device_request(vcpu, s, vw, vline, OP_WRITE, now_ps);
+            device_request(vcpu, s, vw, vline, OP_WRITE, 1, now_ps);
         }
     }
 }
@@ -741,7 +749,7 @@ static inline void mem_access(unsigned int vcpu, qemu_plugin_meminfo_t info, uin
             uint64_t now_ps = clock_at(vcpu, s, insns);
             BUMP(&s->llc_misses[lw != NULL]);
             if (lw != NULL) {
-                device_request(vcpu, s, lw, l, store ? OP_WRITE : OP_READ, now_ps);
+                device_request(vcpu, s, lw, l, store ? OP_WRITE : OP_READ, store, now_ps);
             } else {
                 if (!store) {
                     STORE_RELAXED(&s->local_ps, now_ps + P.dram_ps);
@@ -980,6 +988,7 @@ static void after_reset(qemu_plugin_id_t id)
         } else {
             P.insn_ps = insn_ps;
             P.dram_ps = dram_ps;
+            P.store_miss_write = LOAD_RELAXED(&P.hdr->store_miss_write) != 0;
             /* A cold LLC on every activation keeps runs reproducible; the
              * clock continues from where it stopped (dormant time is not counted). */
             if (P.llc != NULL) {

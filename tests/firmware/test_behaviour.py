@@ -67,8 +67,8 @@ def test_flash_read_burst_queues_per_die(small_controller) -> None:
     dies = c.flash.timeline.n_dies  # 8 in the small profile
     out = c.process(make_requests(np.arange(8) * dies * 4096, time_ns=0))
     assert (out["source"] == Source.FLASH).all()
-    assert out["latency_ns"][0] == 40 + 72 + 3000
+    assert out["latency_ns"][0] == 158 + 3000
     assert (np.diff(out["latency_ns"]) == 3000).all()
     assert c.flash.counters.host_read_queue_ns == 3000 * sum(range(8))
     out = c.process(make_requests((np.arange(8) + 8 * dies) * 4096, time_ns=10**6))
-    assert (out["latency_ns"] == 40 + 72 + 3000).all()
+    assert (out["latency_ns"] == 158 + 3000).all()

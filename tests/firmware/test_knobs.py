@@ -188,8 +188,8 @@ def applied(knobs: KnobController, knob: FirmwareKnob) -> bool:
 
 
 def idle_read_ns(c: Controller, factor: float = 1.0) -> int:
-    """A flash read on an idle die: link + index + the die's read time."""
-    return c.latencies.cxl_link_ns + c.latencies.index_ns + round(c.flash_timeline().read_ns * factor)
+    """A flash read on an idle die: the SSD-DRAM hit path + the die's read time."""
+    return c.latencies.hit_ns + round(c.flash_timeline().read_ns * factor)
 
 
 def test_a_gc_storm_slows_reads_while_it_lasts_then_they_are_back_to_normal() -> None:
@@ -317,7 +317,7 @@ def test_flush_throttle_stalls_log_appends_and_off_restores() -> None:
         addrs = [page * PAGE + line * LINE for page in pages for line in range(64)]
         return twin.run(addrs, Op.WRITE, gap_ns=1_000)
 
-    append_ns = twin.c.latencies.cxl_link_ns + twin.c.latencies.log_append_ns
+    append_ns = twin.c.latencies.log_append_ns
     got, want = writes(range(0, 100))
     assert (got == want).all() and (want == append_ns).all()
     assert applied(twin.knobs, FlushThrottle(program_interval_ns=100_000))

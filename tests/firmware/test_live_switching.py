@@ -20,9 +20,9 @@ from cxlssd.firmware.stream import StreamServer
 from cxlssd.firmware.trace import TraceWriter
 from cxlssd.platform.plugin import pv
 
-# A cold flash read: index + flash read + link (the default ULL NAND)
-FLASH_NS = 72 + 3000 + 40
-SWITCH_NS = 1200
+# A cold flash read: the 158 ns SSD-DRAM path + the flash read (the default ULL NAND)
+FLASH_NS = 158 + 3000
+SWITCH_NS = 1300
 
 
 def record(time_ns: int, addr: int, op: int = Op.READ, flags: int = 0, vcpu: int = 0) -> np.ndarray:
@@ -58,7 +58,7 @@ def test_a_long_delay_switched_away_from_costs_the_switch_and_what_is_left() -> 
     assert stall(s) == 0  # nothing charged until the guest says what it did
     s.serve(mark(1010, MarkerCmd.SWITCH))
     assert stall(s) == SWITCH_NS
-    # another task ran 1 us of work, then the first resumes: 1010 + 1200 + 1000 local+stall
+    # another task ran 1 us of work, then the first resumes: 1010 + 1300 + 1000 local+stall
     s.serve(mark(2010, MarkerCmd.RESUME, 1))
     left = 1000 + FLASH_NS - (2010 + SWITCH_NS)
     assert stall(s) == SWITCH_NS + left
@@ -91,7 +91,7 @@ def test_a_short_query_is_not_a_long_delay() -> None:
     s, answers = server("skybyte-c")
     s.serve(np.concatenate([query(0, 5), query(10_000, 5)]))  # the second hits the data cache
     assert answers[1] == (0, 2, False, 0)
-    assert stall(s) == FLASH_NS + 40 + 158
+    assert stall(s) == FLASH_NS + 158
 
 
 def test_guest_driven_promotion_leaves_the_device_and_counts_host_accesses() -> None:

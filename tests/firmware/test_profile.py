@@ -56,7 +56,7 @@ def test_overrides_and_presets() -> None:
         (["write_log.size_bytes=4KiB"], "fewer than 64 entries"),
         (["flash.channels=0"], "flash.channels must be at least 1"),
         (["flash.preset=qlc"], "unknown flash.preset"),
-        (["migration.min_threshold=5"], "min_threshold"),
+        (["migration.min_threshold=8"], "min_threshold"),
         (["noequals"], "key=value"),
         (["ssd_dram.size_bytes=12 parsecs"], "must be a size"),
     ],
