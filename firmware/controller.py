@@ -653,6 +653,7 @@ class Controller:
                             if per_access:  # no promotion here: only a raise can happen
                                 share = window_promoted / (window_size - window_left + 1)
                                 if skybyte_rule is None:
+                                    assert mig is not None
                                     mig.threshold = threshold
                                     mig.counted_hit(share, False)
                                     threshold = mig.threshold

@@ -1,4 +1,5 @@
-"""Write log: appends with invalidation, compaction per page between water marks, and\nwhen the old page is read."""
+"""Write log: appends with invalidation, compaction per page between water marks, and
+when the old page is read."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def test_log_never_exceeds_capacity_and_no_line_is_lost(writes, capacity, thresh
         now += gap
         now = log.append(page, 1 << line, now)
         written.add((page, line))
-        assert 0 <= log.used and log.used + log.inflight <= log.capacity
+        assert log.used >= 0 and log.used + log.inflight <= log.capacity
         assert log.valid <= log.used == int(log.page_entries.sum())
         assert log.counters.appends == log.counters.compacted_entries + log.used
         # every line written is either in the log or its page is on flash
