@@ -90,6 +90,8 @@ def _add_spec(
     parser.add_argument("--gap-ns", type=int, default=d.gap_ns,
                         help="computation between two requests of a vCPU")
     parser.add_argument("--vcpus", type=int, default=d.vcpus)
+    parser.add_argument("--threads", type=int, default=d.threads,
+                        help="threads per vCPU, scheduled on long delays in replay (SkyByte: 3)")
     parser.add_argument("--seed", type=int, default=d.seed)
 
 
@@ -99,7 +101,7 @@ def _spec(args: argparse.Namespace) -> SynthSpec:
         footprint_bytes=parse_size(args.footprint, "--footprint"),
         write_fraction=args.write_fraction, zipf_theta=args.theta,
         hot_bytes=parse_size(args.hot, "--hot"), hot_fraction=args.hot_fraction,
-        gap_ns=args.gap_ns, vcpus=args.vcpus, seed=args.seed,
+        gap_ns=args.gap_ns, vcpus=args.vcpus, threads=args.threads, seed=args.seed,
     )
     spec.check()
     return spec

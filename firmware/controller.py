@@ -20,9 +20,12 @@ must give exactly what ``_step`` would; other requests go through
 Timebase: with ``timebase="compute"`` (synthetic traces, the live plugin) a
 request's ``time_ns`` excludes device stalls and the controller adds the stall it
 has charged that vCPU so far (closed loop); with ``"issue"`` (a driver whose clock
-already includes stalls) ``time_ns`` is used as is. A read's latency (or, on a long
-delay, the switch cost) is charged to its vCPU; a write too, unless it carries
-``FLAG_POSTED`` (an LLC write-back, which never stalls the CPU).
+already includes stalls) ``time_ns`` is used as is. A read's latency is charged to
+its vCPU; a write's too, unless it carries ``FLAG_POSTED`` (an LLC write-back, which
+never stalls the CPU). A long-delay answer hides nothing by itself: with one thread
+per vCPU there is nothing to switch to, so the thread waits for its data and
+re-issues the access (latency + an SSD-DRAM hit); several threads per vCPU are
+scheduled by :mod:`.threads`, and live runs by the guest (:mod:`.live_switching`).
 """
 
 from __future__ import annotations
@@ -139,7 +142,7 @@ class ModelCounters:
     latency_ns_total: int = 0  # sum of modelled latencies
     stall_ns_total: int = 0  # what the vCPUs were charged (latency, or switch cost)
     long_delays: int = 0
-    long_delay_latency_ns: int = 0  # latency hidden behind context switches
+    long_delay_latency_ns: int = 0  # latency of the accesses answered with a long delay
     promotions_decided: int = 0
     demotions_decided: int = 0
     promotions_applied: int = 0
@@ -521,7 +524,6 @@ class Controller:
         fill_done = self.fill_done_ns.data
         # context switch: the two shipped policies inline, any other through its method
         cs = self.context_switch
-        switch_cost = cs.switch_cost_ns
         cs_call = None
         cs_threshold = 1 << 62
         if type(cs) is ThresholdSwitch:
@@ -692,7 +694,7 @@ class Controller:
                 long_delay = False
             else:
                 long_delay = latency > cs_threshold if cs_call is None else cs_call(latency)
-                stall[vcpu] += switch_cost if long_delay else latency
+                stall[vcpu] += latency + lat_hit if long_delay else latency
             starts[i] = start
             lats[i] = latency
             srcs[i] = source
@@ -747,7 +749,7 @@ class Controller:
             long_latency = int(latency_a[long_a].sum()) if n_long else 0
             posted_latency = int(latency_a[(chunk["flags"] & FLAG_POSTED) != 0].sum())
             c.latency_ns_total += latency_total
-            c.stall_ns_total += latency_total - long_latency - posted_latency + n_long * switch_cost
+            c.stall_ns_total += latency_total - posted_latency + n_long * lat_hit
             c.long_delays += n_long
             c.long_delay_latency_ns += long_latency
             self._clock_ns = max(self._clock_ns, int(o["start_ns"].max()))
@@ -820,7 +822,8 @@ class Controller:
             long_delay, charged = False, 0
         else:
             long_delay = self.context_switch.long_delay(latency)
-            charged = self.context_switch.switch_cost_ns if long_delay else latency
+            # one thread per vCPU: nothing to switch to; it waits, then re-issues the access
+            charged = latency + self._lat_hit if long_delay else latency
         self._vcpu_stall_ns[vcpu] += charged
         c.served[Source(source).name.lower()] += 1
         c.latency_ns_total += latency
@@ -1113,7 +1116,7 @@ class Controller:
             self._commit_appends(page[log_write], line[log_write])
         posted = (r["flags"] & FLAG_POSTED) != 0
         long_delay = self.context_switch.long_delay_batch(latency) & ~posted
-        charged = np.where(long_delay, self.context_switch.switch_cost_ns, np.where(posted, 0, latency))
+        charged = np.where(long_delay, latency + self._lat_hit, np.where(posted, 0, latency))
         time_ns = r["time_ns"].astype(np.int64)
         vcpu = r["vcpu"]
         stall = self._vcpu_stall_ns

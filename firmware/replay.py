@@ -18,6 +18,7 @@ from cxlssd.firmware.live_switching import LiveContextSwitch, guest_driven
 from cxlssd.firmware.profile import Profile, load_profile
 from cxlssd.firmware.stream import StreamServer
 from cxlssd.firmware.synth import SynthSpec, generate
+from cxlssd.firmware.threads import ThreadedReplay
 from cxlssd.firmware.trace import TraceReader
 
 
@@ -31,15 +32,26 @@ def replay(
     return server.summary()
 
 
+def replay_threads(profile: Profile, requests: np.ndarray, vectorize: bool = True) -> dict[str, Any]:
+    """Replay a trace with several threads per vCPU: :mod:`.threads` schedules them."""
+    controller = Controller.from_profile(profile, timebase="issue", vectorize=vectorize)
+    threaded = ThreadedReplay(controller, profile["context_switch.scheduler"])
+    threaded.run(requests)
+    return threaded.summary()
+
+
 def replay_file(
     path: str | Path, profile: Profile, vectorize: bool = True
 ) -> dict[str, Any]:
     """Replay trace file ``path`` on ``profile``; the result includes the full profile."""
     reader = TraceReader(path)
-    controller = Controller.from_profile(profile, timebase=reader.timebase, vectorize=vectorize)
-    # a live run's trace: the guest switched and promoted, the replay settles the same way
-    switching = guest_driven(controller) if reader.metadata.get("guest_driven") else None
-    result = replay(controller, reader.chunks(), switching)
+    if not reader.metadata.get("guest_driven") and int(reader.metadata.get("threads", 1)) > 1:
+        result = replay_threads(profile, reader.read_all(), vectorize)
+    else:
+        controller = Controller.from_profile(profile, timebase=reader.timebase, vectorize=vectorize)
+        # a live run's trace: the guest switched and promoted, the replay settles the same way
+        switching = guest_driven(controller) if reader.metadata.get("guest_driven") else None
+        result = replay(controller, reader.chunks(), switching)
     return {
         "design": profile.name,
         "profile": profile.tree,
@@ -105,8 +117,11 @@ def compare_designs(spec: SynthSpec, designs: Sequence[str]) -> list[dict[str, A
     among the designs), and flash traffic."""
     rows = []
     for design in designs:
-        controller = Controller.from_profile(load_profile(design))
-        result = replay(controller, generate(spec))
+        profile = load_profile(design)
+        if spec.threads > 1:
+            result = replay_threads(profile, np.concatenate(list(generate(spec))))
+        else:
+            result = replay(Controller.from_profile(profile), generate(spec))
         flash = result["counters"].get("flash", {})
         rows.append({
             "design": design,

@@ -17,7 +17,7 @@ C equivalent of :data:`REQUEST_DTYPE` (24 bytes, no padding)::
         uint16_t size;      /* bytes, 1..64, must not cross a 64 B line */
         uint8_t  op;        /* enum Op */
         uint8_t  flags;     /* FLAG_DIRTY (DEMOTED), FLAG_POSTED (WRITE) */
-        uint16_t reserved;  /* 0 */
+        uint16_t thread;    /* the guest thread on its vCPU (0 if not known) */
     };
 """
 
@@ -84,7 +84,7 @@ REQUEST_DTYPE = np.dtype(
         ("size", "<u2"),
         ("op", "u1"),
         ("flags", "u1"),
-        ("reserved", "<u2"),
+        ("thread", "<u2"),
     ]
 )
 

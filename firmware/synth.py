@@ -31,8 +31,9 @@ class SynthSpec:
     zipf_theta: float = 0.99  # zipf: skew (0 = uniform)
     hot_bytes: int = 64 << 20  # hotset: size of the hot set ...
     hot_fraction: float = 0.9  # ... and the share of requests that go to it
-    gap_ns: int = 50  # computation between two requests of one vCPU
+    gap_ns: int = 50  # computation between two requests of one thread
     vcpus: int = 1
+    threads: int = 1  # per vCPU (SkyByte runs 3 per core)
     seed: int = 1
 
     def check(self) -> None:
@@ -44,8 +45,8 @@ class SynthSpec:
             raise ConfigError("write_fraction and hot_fraction must be in [0, 1]")
         if self.pattern == "hotset" and not PAGE_BYTES <= self.hot_bytes <= self.footprint_bytes:
             raise ConfigError("hot_bytes must be between 4 KiB and footprint_bytes")
-        if self.vcpus < 1:
-            raise ConfigError("vcpus must be at least 1")
+        if self.vcpus < 1 or not 1 <= self.threads <= 1024:
+            raise ConfigError("vcpus must be at least 1 and threads between 1 and 1024")
 
     def metadata(self) -> dict[str, object]:
         return {"generator": "cxlssd.firmware.synth", **asdict(self)}
@@ -86,8 +87,11 @@ def generate(spec: SynthSpec, chunk_records: int = 1 << 18) -> Iterator[np.ndarr
         chunk = np.zeros(n, dtype=REQUEST_DTYPE)
         chunk["addr"] = (page.astype(np.uint64) * PAGE_BYTES) + line.astype(np.uint64) * 64
         chunk["op"] = np.where(rng.random(n) < spec.write_fraction, Op.WRITE, Op.READ)
+        # round robin over vCPUs, then over each vCPU's threads; a record's time is its
+        # thread's own compute clock
         chunk["vcpu"] = index % spec.vcpus
-        chunk["time_ns"] = (index // spec.vcpus) * spec.gap_ns
+        chunk["thread"] = (index // spec.vcpus) % spec.threads
+        chunk["time_ns"] = (index // (spec.vcpus * spec.threads)) * spec.gap_ns
         chunk["size"] = 64
         done += n
         yield chunk

@@ -55,7 +55,8 @@ def check_counters(controller) -> None:
         assert d["flash"]["reads_host"] == m["cache_misses"] == m["served"]["flash"]
         assert d["flash"]["programs_total"] == d["flash"]["programs_host"] + d["flash"]["programs_gc"]
     assert m["promotions_applied"] - m["demotions_applied"] == len(controller.promoted_pages())
-    assert m["stall_ns_total"] <= m["latency_ns_total"] or m["long_delays"] == 0
+    # a long delay with one thread per vCPU is waited out, then re-issued as a hit
+    assert m["stall_ns_total"] <= m["latency_ns_total"] + m["long_delays"] * controller.latencies.hit_ns
 
 
 def test_dram_only_serves_everything_at_host_dram_latency(small_controller) -> None:
@@ -82,11 +83,11 @@ def test_compute_timebase_adds_each_vcpus_stall(small_controller) -> None:
     assert out["start_ns"].tolist() == [0, 100 + 3158, 200]
 
 
-def test_context_switch_flags_long_delays_and_charges_the_switch(small_controller) -> None:
+def test_a_long_delay_with_one_thread_is_waited_out_then_reissued(small_controller) -> None:
     c = small_controller("skybyte-c")
     r = c.submit(0, 0x5000)
     assert r["long_delay"] and r["ready_ns"] == r["start_ns"] + r["latency_ns"]
-    assert c.counters.stall_ns_total == 1300 and c.counters.long_delays == 1
+    assert c.counters.stall_ns_total == 3158 + 158 and c.counters.long_delays == 1
     assert not c.submit(10_000, 0x5000)["long_delay"]
     assert not small_controller("base-cssd").submit(0, 0x5000)["long_delay"]
 
