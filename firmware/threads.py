@@ -50,7 +50,7 @@ class ThreadCounters:
 
 
 class _Thread:
-    __slots__ = ("records", "pos", "last_ns", "parked_until", "reissue")
+    __slots__ = ("last_ns", "parked_until", "pos", "records", "reissue")
 
     def __init__(self, records: np.ndarray) -> None:
         self.records = records
