@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "run", help="run an experiment (designs x workloads live, or x traces replayed); resumable",
         description="Replay the experiment's traces, boot its platform once for the live workloads, "
         "run every point not yet in --out (an interrupted run resumes), then write results.csv, "
-        "results.json, report.md and plots (docs/experiments.md).",
+        "results.json, report.md and figures (PNG, SVG, PDF; docs/experiments.md).",
     )
     run.add_argument("experiment", type=Path, help="experiment YAML (see experiments/demo.yaml)")
     run.add_argument("--out", type=Path, help="results directory (default: results/NAME)")
@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     demo = subparsers.add_parser(
         "demo", help="the main job: the built-in experiment (a few workloads x base-cssd / "
         "skybyte-full / dram-only; about 8.5 minutes here), "
-        "table and plots at the end",
+        "table and figures at the end",
     )
     demo.add_argument("--out", type=Path, help="results directory (default: results/demo)")
     demo.set_defaults(handler=cmd_demo)
@@ -59,7 +59,8 @@ def run_experiment(experiment: Experiment, out: Path | None) -> int:
     for line in table_lines(experiment, written["table"]):
         print(f"   {line}")
     print(f"== report: {out_dir / 'report.md'}")
-    print("== plots: " + ", ".join(str(p) for p in written["plots"] if p.suffix == ".png"))
+    print("== figures (SVG and PDF beside each): "
+          + ", ".join(str(p) for p in written["plots"] if p.suffix == ".png"))
     status = 0
     if written["failed"]:
         print(f"== SELF-CHECK FAILED: {', '.join(written['failed'])}")

@@ -1,5 +1,5 @@
 """An experiment's results: CSV, JSON (with everything needed to reproduce it),
-a Markdown report and plots (PNG and SVG), all in modelled time.
+a Markdown report and figures (PNG, SVG and PDF; :mod:`.figures`), all in modelled time.
 
 Per case (a workload point) and design: modelled time, speedup over the
 baseline design, fraction of the ideal design (DRAM-only), flash traffic and
@@ -14,16 +14,17 @@ import json
 import math
 import statistics
 import subprocess
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cxlssd.experiments.spec import Experiment
 from cxlssd.firmware.profile import load_profile
 from cxlssd.platform.config import load_config
 
-PLOT_FORMATS = ("png", "svg")
+if TYPE_CHECKING:  # the figures module imports matplotlib (0.7 s): only when a report is written
+    from cxlssd.experiments.figures import Drawn
+
 CSV_FIELDS = (
     "case", "workload", "kind", "design", "runs", "modelled_ms", "modelled_ms_stdev", "modelled_ms_min",
     "modelled_ms_max", "speedup", "speedup_stdev", "fraction_of_ideal", "fraction_of_ideal_stdev",
@@ -192,51 +193,6 @@ def _versions() -> dict[str, str]:
     }
 
 
-def _plot(experiment: Experiment, table: list[dict[str, Any]], out_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cases = list(dict.fromkeys(r["case"] for r in table))
-    designs = list(experiment.designs)
-    cell = {(r["case"], r["design"]): r for r in table}
-    width = 0.8 / len(designs)
-    written = []
-    # (file stem, title, value, its spread, y scale); speedups and flash traffic span
-    # orders of magnitude: log scales (symlog keeps 0). Error bars: one standard deviation.
-    charts: list[tuple[str, str, Callable[[dict[str, Any]], Any], str | None, str]] = [
-        ("modelled_ms", "modelled time (ms)", lambda r: r["modelled_ms"], "modelled_ms_stdev", "log"),
-        ("speedup", f"speedup over {experiment.baseline} (modelled time)", lambda r: r["speedup"],
-         "speedup_stdev", "log"),
-        ("fraction_of_ideal", f"fraction of {experiment.ideal} performance", lambda r: r["fraction_of_ideal"],
-         "fraction_of_ideal_stdev", "linear"),
-        ("flash_ops", "flash operations (reads + programs)", _flash_ops, None, "symlog"),
-    ]
-    for stem, title, value, spread, scale in charts:
-        if stem == "fraction_of_ideal" and experiment.ideal is None:
-            continue
-        fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(cases) * len(designs) / 2), 4.0))
-        for i, design in enumerate(designs):
-            rows = [cell.get((case, design)) for case in cases]
-            values = [float(value(r) or 0.0) if r else 0.0 for r in rows]
-            errors = [float(r[spread] or 0.0) if r and spread else 0.0 for r in rows]
-            ax.bar([c + i * width for c in range(len(cases))], values, width, label=design,
-                   yerr=errors if any(errors) else None, capsize=2)
-        ax.set_xticks([c + width * (len(designs) - 1) / 2 for c in range(len(cases))], cases, rotation=20,
-                      ha="right", fontsize=8)
-        ax.set_yscale(scale)
-        ax.set_title(f"{experiment.name}: {title}")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        for fmt in PLOT_FORMATS:
-            path = out_dir / f"{stem}.{fmt}"
-            fig.savefig(path)
-            written.append(path)
-        plt.close(fig)
-    return written
-
-
 def _spread_lines(table: list[dict[str, Any]]) -> list[str]:
     """What ± means, and the largest spread of the repeated points."""
     repeated = [r for r in table if r["modelled_ms_stdev"] is not None and r["modelled_ms"]]
@@ -308,10 +264,28 @@ def _injection_lines(rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
     return lines, problems
 
 
+def _figure_lines(drawn: list[Drawn]) -> list[str]:
+    """The figures embedded in report.md in their (story) order, each with its caption
+    and links to its vector versions."""
+    if not drawn:
+        return []
+    lines = ["", "## Figures", ""]
+    for number, figure in enumerate(drawn, 1):
+        png, *vector = figure.files
+        links = ", ".join(f"[{path.suffix[1:].upper()}]({path.name})" for path in vector)
+        lines += [f"![{figure.caption}]({png.name})", "",
+                  f"*Figure {number}.* {figure.caption} ({links})", ""]
+    return lines[:-1]
+
+
 def write_results(experiment: Experiment, rows: dict[str, dict[str, Any]], out_dir: Path) -> dict[str, Any]:
-    """Write results.csv, results.json, report.md and the plots; returns what was
-    written, the points not run yet, the failed self-checks and the injection problems."""
+    """Write results.csv, results.json, report.md and the figures; returns the table,
+    the figures (``figures``, each with its files; ``plots``: every file), the points
+    not run yet, the failed self-checks and the injection problems."""
+    from cxlssd.experiments.figures import write_figures
+
     table = derive(experiment, rows)
+    means = summary(experiment, table)
     with open(out_dir / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         writer.writeheader()
@@ -324,11 +298,11 @@ def write_results(experiment: Experiment, rows: dict[str, dict[str, Any]], out_d
         "profiles": {d: load_profile(d, overrides).tree for d in experiment.designs},
         "versions": _versions(),
         "table": table,
-        "summary": summary(experiment, table),
+        "summary": means,
         "points": ordered,
     }
     (out_dir / "results.json").write_text(json.dumps(full, indent=1, sort_keys=True, default=str) + "\n")
-    plots = _plot(experiment, table, out_dir) if table else []
+    drawn = write_figures(experiment, table, means, out_dir) if table else []
     missing = [p.key for p in experiment.points() if p.key not in rows]
     failed = [r["key"] for r in ordered if not r["check_ok"]]
     repeated = any(r["runs"] > 1 for r in table)
@@ -341,6 +315,22 @@ def write_results(experiment: Experiment, rows: dict[str, dict[str, Any]], out_d
         "**modelled** (docs/live.md), never emulator wall-clock.",
         f"Speedup is over `{experiment.baseline}`; {ideal} flash traffic reduction is the baseline's "
         "flash operations over the design's (over the cases: their sums).",
+        "",
+        "## Over the cases",
+        "",
+        "Geometric means of speedup and fraction of ideal; flash reduction of the summed operations.",
+        "",
+        "| design | speedup | of ideal | flash reduction |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for design, mean in means.items():
+        cells = (_fmt(mean["speedup"], ".2f"), _fmt(mean["fraction_of_ideal"], ".1%"),
+                 _fmt(mean["flash_traffic_reduction"], ".2f"))
+        lines.append(f"| {design} | {' | '.join(cells)} |")
+    lines += _figure_lines(drawn)
+    lines += [
+        "",
+        "## Per case and design",
         "",
         f"| case | design |{runs_head} modelled ms | speedup | of ideal | flash reads | flash programs "
         "| flash reduction | self-check |",
@@ -357,13 +347,6 @@ def write_results(experiment: Experiment, rows: dict[str, dict[str, Any]], out_d
             f"{_fmt(r['flash_traffic_reduction'], '.2f')} | {'ok' if r['check_ok'] else 'FAILED'} |"
         )
     lines += _spread_lines(table)
-    lines += ["", "Over the cases (geometric means; flash: of the summed operations):", "",
-              "| design | speedup | of ideal | flash reduction |",
-              "| --- | ---: | ---: | ---: |"]
-    for design, means in summary(experiment, table).items():
-        reduction = _fmt(means["flash_traffic_reduction"], ".2f")
-        lines.append(f"| {design} | {_fmt(means['speedup'], '.2f')} | "
-                     f"{_fmt(means['fraction_of_ideal'], '.1%')} | {reduction} |")
     lines += _trace_lines(ordered)
     injection_lines, injection_problems = _injection_lines(ordered)
     lines += injection_lines
@@ -375,7 +358,6 @@ def write_results(experiment: Experiment, rows: dict[str, dict[str, Any]], out_d
         lines += ["", "Self-check FAILED (the data is wrong, whatever the timing): " + ", ".join(failed)]
     if injection_problems:
         lines += ["", "QMP injections not sent or not seen in the guest: " + ", ".join(injection_problems)]
-    lines += ["", "Plots: " + ", ".join(f"[{p.name}]({p.name})" for p in plots if p.suffix == ".png"), ""]
-    (out_dir / "report.md").write_text("\n".join(lines))
-    return {"table": table, "plots": plots, "missing": missing, "failed": failed,
-            "injection_problems": injection_problems}
+    (out_dir / "report.md").write_text("\n".join([*lines, ""]))
+    return {"table": table, "figures": drawn, "plots": [path for figure in drawn for path in figure.files],
+            "missing": missing, "failed": failed, "injection_problems": injection_problems}
