@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from cxlssd.errors import ConfigError, GuestError
 from cxlssd.firmware.knobs import DeviceShape, FirmwareKnob, check_fits, knob_to_dict
 from cxlssd.firmware.profile import Profile, load_profile
-from cxlssd.lifecycle import pid_alive
+from cxlssd.lifecycle import ProcessId
 from cxlssd.paths import runtime_root
 from cxlssd.platform.config import DC_MAX_REGIONS, CxlDeviceConfig, format_size
 from cxlssd.platform.live import attached_firmware_path, control_path
@@ -888,13 +888,16 @@ def _attached(target: Platform | RunningInstance, path: Callable[[Path], Path]) 
 
 
 def kill_firmware(target: Platform | RunningInstance) -> InjectionRecord:
-    """SIGKILL the firmware process attached to ``target``."""
-    pid = int(json.loads(_attached(target, attached_firmware_path).read_text())["pid"])
-    if not pid_alive(pid):
-        raise ConfigError(f"the firmware of instance {target.name} (pid {pid}) is already gone")
-    os.kill(pid, signal.SIGKILL)
+    """SIGKILL the firmware process attached to ``target``: the very process its session
+    recorded (pid and start time), never another that reused the pid."""
+    attached = json.loads(_attached(target, attached_firmware_path).read_text())
+    firmware = ProcessId.parse(f"{attached.get('pid')} {attached.get('start_ticks')}")
+    if firmware is None or not firmware.kill(signal.SIGKILL):
+        raise ConfigError(
+            f"the firmware of instance {target.name} (pid {attached.get('pid')}) is already gone"
+        )
     return InjectionRecord(
-        instance=target.name, kind=FirmwareKill.kind, command="SIGKILL", arguments={"pid": pid}
+        instance=target.name, kind=FirmwareKill.kind, command="SIGKILL", arguments={"pid": firmware.pid}
     )
 
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from cxlssd.errors import ConfigError, FirmwareError
 from cxlssd.firmware.profile import Profile, load_profile, parse_override
 from cxlssd.guest.runtime.install import with_guest_env
-from cxlssd.lifecycle import Lifecycle, describe_exit
+from cxlssd.lifecycle import Lifecycle, ProcessId, describe_exit
 from cxlssd.platform.config import format_size
 from cxlssd.platform.plugin.ring import ATTACHED, RequestRing, RingError
 
@@ -87,6 +87,12 @@ class FirmwareProcess:
     @property
     def pid(self) -> int:
         return self._process.pid if self._process is not None else 0
+
+    def identity(self) -> ProcessId:
+        """Who may be signalled as this firmware (``firmware-kill``): pid and start time."""
+        if self._process is None:
+            raise FirmwareError("the firmware process was never started")
+        return ProcessId.of_child(self._process)
 
     def argv(self) -> list[str]:
         argv = [sys.executable, "-P", "-m", "cxlssd", "serve-firmware", "--ring", str(self.ring),
@@ -242,8 +248,10 @@ class LiveSession(Lifecycle):
         )
         try:
             self._firmware.launch()
+            identity = self._firmware.identity()
             attached_firmware_path(files.ring.parent).write_text(json.dumps(
-                {"pid": self._firmware.pid, "design": self.design, "overrides": self._firmware.overrides}
+                {"pid": identity.pid, "start_ticks": identity.start_ticks, "design": self.design,
+                 "overrides": self._firmware.overrides}
             ))
             counters = platform.plugin_counters()
             counters.set_clock(platform.config.cpu.insn_ps, self.profile["latency.host_dram_ns"] * 1000)

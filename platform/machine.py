@@ -22,6 +22,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from collections.abc import Sequence
@@ -35,7 +36,7 @@ from cxlssd.errors import FirmwareError, GuestError, PrerequisiteError
 from cxlssd.guest.image import GuestImage, ensure_image
 from cxlssd.guest.runtime.build import ensure_runtime
 from cxlssd.guest.runtime.install import install_runtime
-from cxlssd.lifecycle import Lifecycle, describe_exit, pid_alive
+from cxlssd.lifecycle import Lifecycle, ProcessId, describe_exit
 from cxlssd.paths import cache_dir, runtime_root
 from cxlssd.platform.config import PlatformConfig, format_size
 from cxlssd.platform.kvm import probe_kvm
@@ -56,8 +57,6 @@ SHUTDOWN_TIMEOUT_S = 15.0
 SERIAL_TAIL_LINES = 25
 KEEP_LOG_DIRS = 20
 PRUNE_AFTER_S = 3600  # only log dirs written to longer ago than this are pruned
-# A runtime dir without owner.pid younger than this is being created, not stale.
-OWNERLESS_GRACE_S = 60.0
 PR_SET_PDEATHSIG = 1
 
 
@@ -120,34 +119,39 @@ def _free_port() -> int:
 
 
 def pid_file_alive(pid_file: Path) -> bool:
-    """Whether the process whose pid ``pid_file`` holds is alive (False if the file
-    is missing or garbled). Shared by stale-instance reaping and ``inject``."""
-    try:
-        pid = int(pid_file.read_text())
-    except (OSError, ValueError):
-        return False
-    return pid_alive(pid)
+    """Whether the process ``pid_file`` names (a :class:`ProcessId` record) still runs:
+    False if the file is missing or garbled, or its pid now belongs to another process.
+    Shared by stale-instance reaping and ``inject``."""
+    found = ProcessId.read(pid_file)
+    return found is not None and found.alive()
 
 
-def _being_created(rundir: Path) -> bool:
-    """A runtime dir another launch has just made and not yet stamped with its owner
-    (e.g. the guests of a ``MultiPlatform``, which boot concurrently): not stale."""
+def _is_our_instance(rundir: Path) -> bool:
+    """Whether ``rundir`` is an instance dir this user's platform made: a real directory
+    (not a symlink) owned by us, holding our owner record (``owner.pid``, a regular file)."""
     try:
-        age_s = time.time() - rundir.stat().st_mtime
+        found = rundir.lstat()
     except OSError:
         return False
-    return not (rundir / "owner.pid").exists() and age_s < OWNERLESS_GRACE_S
+    uid = os.geteuid()
+    return (
+        stat.S_ISDIR(found.st_mode) and found.st_uid == uid
+        and ProcessId.read(rundir / "owner.pid") is not None
+        and (rundir / "owner.pid").lstat().st_uid == uid
+    )
 
 
 def reap_stale_instances() -> list[str]:
-    """Remove runtime dirs of instances whose owner process is gone (killed -9),
-    killing their QEMU if it survived. Returns the names reaped."""
+    """Remove the runtime dirs of instances whose owner process is gone (killed -9),
+    killing their QEMU if that very process survived (pid and start time match).
+    Anything without our instance record is left alone. Returns the names reaped."""
     reaped = []
     for rundir in runtime_root().iterdir():
-        if pid_file_alive(rundir / "owner.pid") or _being_created(rundir):
+        if not _is_our_instance(rundir) or pid_file_alive(rundir / "owner.pid"):
             continue
-        with contextlib.suppress(OSError, ValueError, ProcessLookupError):
-            os.kill(int((rundir / "qemu.pid").read_text()), signal.SIGKILL)
+        qemu = ProcessId.read(rundir / "qemu.pid")
+        if qemu is not None:
+            qemu.kill(signal.SIGKILL)
         shutil.rmtree(rundir, ignore_errors=True)
         reaped.append(rundir.name)
     return reaped
@@ -255,7 +259,7 @@ class Platform(Lifecycle):
         rundir = root / self.name
         rundir.mkdir(mode=0o700)
         self.rundir = rundir
-        (rundir / "owner.pid").write_text(str(os.getpid()))
+        ProcessId.of_self().write(rundir / "owner.pid")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._prune_logs()
         self._keys = InstanceKeys.generate(rundir)
@@ -291,7 +295,7 @@ class Platform(Lifecycle):
                 preexec_fn=die_with_parent,
                 pass_fds=self.pass_fds,
             )
-        (rundir / "qemu.pid").write_text(str(self._process.pid))
+        ProcessId.of_child(self._process).write(rundir / "qemu.pid")
         log.info(
             "booting guest %s (QEMU pid %d, serial log %s)",
             self.name,
