@@ -21,7 +21,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import time
@@ -30,9 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
+from qemu.qmp import QMPError
 from qemu.qmp.legacy import QEMUMonitorProtocol
 
-from cxlssd.errors import FirmwareError, GuestError, PrerequisiteError
+from cxlssd.errors import FirmwareError, GuestError, GuestTimeout, PrerequisiteError
 from cxlssd.guest.image import GuestImage, ensure_image
 from cxlssd.guest.runtime.build import ensure_runtime
 from cxlssd.guest.runtime.install import install_runtime
@@ -45,7 +45,7 @@ from cxlssd.platform.plugin.build import ensure_plugin
 from cxlssd.platform.plugin.counters import PluginCounters
 from cxlssd.platform.plugin.pv import PAGE_BYTES as PV_PAGE_BYTES
 from cxlssd.platform.plugin.pv import create_page
-from cxlssd.platform.qemu import LaunchFiles, QemuBinary, check_qemu, qemu_argv
+from cxlssd.platform.qemu import LaunchFiles, QemuBinary, check_qemu, forwarded_ssh_port, qemu_argv
 from cxlssd.platform.ssh import GuestSSH, InstanceKeys, wait_for_banner
 
 log = logging.getLogger(__name__)
@@ -111,11 +111,10 @@ def die_with_parent() -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+def _remaining_s(deadline: float) -> float:
+    """What is left until ``deadline`` (monotonic), at least a moment: the step then
+    times out at once if it does not finish right away."""
+    return max(deadline - time.monotonic(), 0.1)
 
 
 def pid_file_alive(pid_file: Path) -> bool:
@@ -239,11 +238,16 @@ class Platform(Lifecycle):
         try:
             self._start(qemu, image, root)
             started = time.monotonic()
-            self._wait_until_ready(started)
-            self.devices = self._setup_cxl()
-            self._publish_windows()
-            assert self.ssh is not None
-            install_runtime(self.ssh, runtime)
+            # guest.boot_timeout_s covers everything up to ready: boot, CXL setup, runtime.
+            deadline = started + self.config.guest.boot_timeout_s
+            self._wait_until_ready(deadline)
+            try:
+                self.devices = self._setup_cxl(deadline)
+                self._publish_windows()
+                assert self.ssh is not None
+                install_runtime(self.ssh, runtime, _remaining_s(deadline))
+            except GuestTimeout as error:
+                raise self._not_ready(f"({error})") from None
             self._write_instance_file()  # now with what the guest made of each device
             self.boot_seconds = time.monotonic() - started
             log.info(
@@ -273,8 +277,7 @@ class Platform(Lifecycle):
             cxl_backing=tuple(rundir / f"cxl{i}.raw" for i in range(len(self.config.cxl_devices))),
         )
         self._files = files
-        self.ssh_port = _free_port()
-        argv = [*qemu_argv(qemu, self.config, files, self.ssh_port), *self.extra_qemu_args]
+        argv = [*qemu_argv(qemu, self.config, files), *self.extra_qemu_args]
         if self.plugin:
             # Paths go into QEMU's comma-separated plugin options: the runtime root has no commas.
             self._plugin_files = PluginFiles(
@@ -347,19 +350,39 @@ class Platform(Lifecycle):
                 f"{qemu_out[-1500:] or '(no output)'}\n{self.serial_tail()}"
             )
 
-    def _wait_until_ready(self, started: float) -> None:
-        deadline = started + self.config.guest.boot_timeout_s
+    def _not_ready(self, detail: str = "") -> GuestError:
+        return GuestError(
+            f"guest {self.name} was not ready within {self.config.guest.boot_timeout_s:.0f} s "
+            f"(guest.boot_timeout_s in {self.config.source}: boot, CXL setup and runtime install)"
+            f"{' ' + detail if detail else ''}; {self.serial_tail()}"
+        )
+
+    def _connect_qmp(self, deadline: float) -> QEMUMonitorProtocol:
+        """QMP, as soon as QEMU has created its socket."""
+        assert self._files is not None
+        while True:
+            self._check_alive()
+            qmp = QEMUMonitorProtocol(str(self._files.qmp_socket))
+            try:
+                qmp.connect()
+                return qmp
+            except QMPError:
+                qmp.close()
+            if time.monotonic() > deadline:
+                raise self._not_ready("(QEMU never opened its QMP socket)")
+            time.sleep(0.1)
+
+    def _wait_until_ready(self, deadline: float) -> None:
         assert self._keys is not None
+        self._qmp = self._connect_qmp(deadline)
+        # QEMU bound the SSH forward's port itself (port 0); other processes find it here.
+        usernet = self._qmp.cmd("human-monitor-command", **{"command-line": "info usernet"})
+        self.ssh_port = forwarded_ssh_port(str(usernet))
+        self._write_instance_file()
         try:
             wait_for_banner(self.ssh_port, deadline, self._check_alive)
         except TimeoutError:
-            raise GuestError(
-                f"guest {self.name} did not come up within {self.config.guest.boot_timeout_s:.0f} s "
-                f"(guest.boot_timeout_s in {self.config.source}); {self.serial_tail()}"
-            ) from None
-        assert self._files is not None
-        self._qmp = QEMUMonitorProtocol(str(self._files.qmp_socket))
-        self._qmp.connect()
+            raise self._not_ready() from None
         self.ssh = GuestSSH(self.ssh_port, self._keys)
         try:
             self.ssh.connect()
@@ -368,10 +391,11 @@ class Platform(Lifecycle):
                 f"cannot log in to guest {self.name} over SSH ({error}); {self.serial_tail()}"
             ) from None
 
-    def _setup_cxl(self) -> list[CxlDevice]:
+    def _setup_cxl(self, deadline: float) -> list[CxlDevice]:
         assert self.ssh is not None and self._files is not None
         status, out, err = self.ssh.run(
-            ["python3", "-", str(len(self.config.cxl_devices))], stdin=CXL_SETUP_SCRIPT.read_bytes()
+            ["python3", "-", str(len(self.config.cxl_devices))], stdin=CXL_SETUP_SCRIPT.read_bytes(),
+            timeout_s=_remaining_s(deadline),
         )
         if status != 0:
             raise GuestError(

@@ -51,8 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if unknown:
         args.pytest_args = [*unknown, *args.pytest_args]
-    # A polite kill (SIGTERM) must clean up like Ctrl-C: stop QEMU, remove runtime files.
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    # A polite kill (SIGTERM) or a closed terminal (SIGHUP) must clean up like Ctrl-C:
+    # stop QEMU, remove the runtime files (guest-sized backing files in /dev/shm).
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _raise_keyboard_interrupt)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(message)s" if not args.verbose else "%(asctime)s %(name)s: %(message)s",
