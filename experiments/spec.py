@@ -8,6 +8,7 @@ Example (``experiments/demo.yaml``)::
     baseline: base-cssd            # speedups are over this design
     ideal: dram-only               # "fraction of ideal" is against this one
     repeat: 1                      # live points run this many times (mean and spread reported)
+    point_timeout_s: 3600          # a live point still running after this is recorded as failed
     workloads:                     # live: a guest command under each design
       - name: chase
         command: [chase, --bytes, "{footprint}", --warm, "1"]
@@ -64,6 +65,8 @@ DEMO_FILE = EXPERIMENT_DIR / "demo.yaml"
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_REPEAT = 100
+DEFAULT_POINT_TIMEOUT_S = 3600.0
+MAX_POINT_TIMEOUT_S = 7 * 24 * 3600.0
 TRACE_DIR = "traces"  # synthesized traces go here, in the results directory
 
 
@@ -153,6 +156,8 @@ class Experiment:
     source: str
     notes: str = ""  # copied into the report: what the reader must know to read the results
     repeat: int = 1  # repetitions of every live point (a workload may say otherwise)
+    # wall-clock limit of one live point's guest command (a hung guest): then recorded as failed
+    point_timeout_s: float = DEFAULT_POINT_TIMEOUT_S
 
     def points(self) -> list[Point]:
         """Every point, workload-major: all designs of a case back to back, repetition
@@ -199,6 +204,20 @@ def _repeat(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_REPEAT:
         raise ConfigError(f"{where}: repeat must be a whole number of runs, 1..{MAX_REPEAT}, got {value!r}")
     return value
+
+
+def _point_timeout(value: object, where: str) -> float:
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not 1 <= value <= MAX_POINT_TIMEOUT_S):  # also rejects NaN
+        raise ConfigError(f"{where}: point_timeout_s must be 1..{MAX_POINT_TIMEOUT_S:.0f} seconds, "
+                          f"got {_short(value)}")
+    return float(value)
+
+
+def _short(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error messages."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _sweep(raw: object, where: str) -> dict[str, tuple[str, ...]]:
@@ -333,7 +352,7 @@ def experiment_from_dict(raw: object, source: str, base: Path = EXPERIMENT_DIR) 
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: an experiment is a mapping (name, designs, workloads, ...)")
     keys = {"name", "platform", "designs", "workloads", "traces", "baseline", "ideal", "overrides", "notes",
-            "repeat"}
+            "repeat", "point_timeout_s"}
     _check_keys(raw, keys, source)
     notes = raw.get("notes", "")
     if not isinstance(notes, str):
@@ -379,6 +398,7 @@ def experiment_from_dict(raw: object, source: str, base: Path = EXPERIMENT_DIR) 
         source=source,
         notes=notes,
         repeat=_repeat(raw["repeat"], source) if "repeat" in raw else 1,
+        point_timeout_s=_point_timeout(raw.get("point_timeout_s", DEFAULT_POINT_TIMEOUT_S), source),
     )
     # A swept profile key must suit every design: checked for each case now.
     for point in {(p.design, p.overrides): p for p in experiment.points() if p.overrides}.values():

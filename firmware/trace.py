@@ -10,14 +10,18 @@ Layout (all little-endian)::
     chunks   each: "<II" record count, CRC-32 of the payload; then
              count x REQUEST_DTYPE records (24 bytes each)
 
-The writer patches the totals into the header when it closes, so a file whose
-writer did not finish, or that was cut short, is rejected, as is a wrong magic,
-version, record size or CRC. Chunks let the reader stream traces larger than RAM.
+The writer writes ``NAME.partial`` and, on a clean close, patches the totals into
+the header, syncs and renames it to ``NAME``: a trace exists under its name only
+complete (an interrupted writer leaves at most the ``.partial`` file, which a block
+ending in an error removes). A file whose header totals do not match its size is
+rejected, as is a wrong magic, version, record size or CRC. Chunks let the reader
+stream traces larger than RAM.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import struct
 import zlib
 from collections.abc import Iterator
@@ -56,7 +60,8 @@ class TraceWriter(Lifecycle):
         self.records = 0
         self.chunks = 0
         self._meta = json.dumps(metadata or {}, sort_keys=True).encode()
-        self._file: BinaryIO = open(self.path, "wb")  # noqa: SIM115 (closed in close())
+        self.partial_path = self.path.with_name(f"{self.path.name}.partial")
+        self._file: BinaryIO = open(self.partial_path, "wb")  # noqa: SIM115 (closed in close())
         self._file.write(self._header())
         self._file.write(self._meta)
 
@@ -79,14 +84,27 @@ class TraceWriter(Lifecycle):
             self.chunks += 1
 
     def close(self) -> None:
+        """Finish the trace: totals into the header, synced, renamed to its name."""
         if self._file.closed:
             return
         self._file.seek(0)
         self._file.write(self._header())
+        self._file.flush()
+        os.fsync(self._file.fileno())
         self._file.close()
+        self.partial_path.replace(self.path)
+
+    def discard(self) -> None:
+        """Give up: the partial file is removed, nothing appears under the trace's name."""
+        if not self._file.closed:
+            self._file.close()
+        self.partial_path.unlink(missing_ok=True)
 
     def _end(self, error: BaseException | None) -> None:
-        self.close()
+        if error is None:
+            self.close()
+        else:
+            self.discard()
 
 
 class TraceReader:

@@ -273,16 +273,19 @@ class LiveSession(Lifecycle):
         stdout: BinaryIO | None = None,
         stderr: BinaryIO | None = None,
         check: bool = False,
+        timeout_s: float | None = None,
     ) -> tuple[int, bytes, bytes]:
         """Run ``argv`` in the guest for this session: the guest runtime on its
         PATH, its memory bound to :attr:`node` (unless ``bind`` is False), under
         the promotion daemon if the design promotes pages (docs/host-os.md), and
-        stopped with the cause if the firmware or QEMU dies (:meth:`check`)."""
+        stopped with the cause if the firmware or QEMU dies (:meth:`check`) or
+        ``timeout_s`` passes (:class:`GuestTimeout`)."""
         bound = ["numactl", f"--membind={self.node}", *argv] if bind else list(argv)
         if self.promotes:
             bound = ["cxlssd-promote", "--", *bound]
         return self.platform.guest().run(
-            with_guest_env(bound), stdout=stdout, stderr=stderr, check=check, watch=self.check
+            with_guest_env(bound), stdout=stdout, stderr=stderr, check=check, watch=self.check,
+            timeout_s=timeout_s,
         )
 
     def check(self) -> None:
