@@ -289,8 +289,8 @@ def set_aside_torn_row(out_dir: Path) -> None:
 @contextmanager
 def locked_out_dir(out_dir: Path) -> Iterator[None]:
     """Hold ``DIR/.lock`` (an exclusive flock): two runs never append to one results dir."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     try:
+        out_dir.mkdir(parents=True, exist_ok=True)
         lock = os.open(out_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as error:
         raise InputError(f"cannot write to the results directory {out_dir}: {error.strerror}") from None

@@ -43,6 +43,7 @@ from cxlssd.paths import runtime_root
 from cxlssd.platform.config import DC_MAX_REGIONS, CxlDeviceConfig, format_size
 from cxlssd.platform.live import attached_firmware_path, control_path
 from cxlssd.platform.machine import pid_file_alive
+from cxlssd.yamlfile import short_repr
 
 if TYPE_CHECKING:
     from cxlssd.platform.machine import Platform
@@ -726,7 +727,7 @@ class RunningInstance:
         if name not in running:
             listing = ", ".join(running) if running else "none"
             raise ConfigError(
-                f"instance {name!r} is not running (running instances: {listing}); "
+                f"instance {short_repr(name)} is not running (running instances: {listing}); "
                 "start one with ./cxlssd guest shell or a Platform, and pass its name"
             )
         info = json.loads((runtime_root() / name / "instance.json").read_text())

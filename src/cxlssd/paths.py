@@ -7,7 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-from cxlssd.errors import PrerequisiteError
+from cxlssd.errors import InputError, PrerequisiteError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,6 +33,27 @@ def cache_dir() -> Path:
             "set CXLSSD_CACHE to a writable directory"
         ) from None
     return path
+
+
+def check_writable_output(path: Path, what: str) -> None:
+    """Refuse an output path that cannot be written, before any work that would be lost:
+    its directory must exist and be writable, and the path, if it exists, must be a
+    writable regular file (never a FIFO or a device). An :class:`InputError` otherwise."""
+    directory = path.parent
+    if not directory.is_dir():
+        raise InputError(f"cannot write {what} {path}: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise InputError(f"cannot write {what} {path}: directory {directory} is not writable")
+    try:
+        found = path.stat()
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        raise InputError(f"cannot write {what} {path}: {error.strerror}") from None
+    if not stat.S_ISREG(found.st_mode):
+        raise InputError(f"cannot write {what} {path}: it exists and is not a regular file")
+    if not os.access(path, os.W_OK):
+        raise InputError(f"cannot write {what} {path}: it is not writable")
 
 
 def runtime_root() -> Path:
