@@ -5,15 +5,29 @@
 replay driver, no guest; synthetic traces are written into ``DIR/traces/``),
 then live points on one booted platform (a workload case under one design,
 firmware attached live, with its scenario's firmware knobs and QMP
-injections). Each finished point is appended to ``DIR/points.jsonl`` at once,
-so an interrupted run resumes where it stopped. At the end (and after a
-resume) the whole set is written out by :mod:`.report`.
+injections). Each finished point is appended to ``DIR/points.jsonl`` at once
+(and synced), so an interrupted run resumes where it stopped. At the end (and
+after a resume) the whole set is written out by :mod:`.report`.
+
+A row is reused only if it was made from the same inputs: each row carries the
+digest of everything that determines it (:func:`point_inputs`); a point whose
+inputs changed runs again, and the log says which changed. A torn last line
+(the runner killed mid-write) is set aside in ``points.jsonl.torn``. One run at a
+time holds ``DIR/.lock``. A live point that outlives ``point_timeout_s`` is
+recorded as failed (exit status 124, ``timed_out``) and the run goes on with a
+fresh guest.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import fcntl
+import functools
+import hashlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,13 +35,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
-from cxlssd.errors import ConfigError, InputError
+from cxlssd.errors import ConfigError, GuestTimeout, InputError
 from cxlssd.experiments.scenario import QmpScenario
 from cxlssd.experiments.spec import Experiment, Point, TraceSource
 from cxlssd.firmware.profile import load_profile
 from cxlssd.firmware.replay import replay_file
 from cxlssd.firmware.synth import generate
 from cxlssd.firmware.trace import TraceReader, TraceWriter
+from cxlssd.paths import REPO_ROOT
 from cxlssd.platform.config import load_config
 from cxlssd.platform.inject import send_knob
 from cxlssd.platform.machine import Platform
@@ -35,7 +50,71 @@ from cxlssd.platform.machine import Platform
 log = logging.getLogger(__name__)
 
 POINTS_FILE = "points.jsonl"
+TORN_SUFFIX = ".torn"  # a torn last row is moved to points.jsonl.torn
+LOCK_FILE = ".lock"
 OUTPUT_TAIL_CHARS = 2000
+TIMED_OUT_STATUS = 124  # a point stopped at its timeout (as coreutils' timeout(1) exits)
+PACKAGE_DIR = REPO_ROOT / "src" / "cxlssd"
+# Sources that present results without making them: editing them re-runs nothing.
+PRESENTATION_ONLY = ("experiments/report.py",)
+
+
+@functools.cache
+def code_digest() -> str:
+    """A digest of the code that makes results: every file of the package (its
+    firmware, platform, guest runtime and image, runner) except experiment
+    definitions and the report writer."""
+    digest = hashlib.sha256()
+    for directory, subdirs, files in sorted(os.walk(PACKAGE_DIR, followlinks=True)):
+        subdirs[:] = sorted(d for d in subdirs if d != "__pycache__")
+        for name in sorted(files):
+            path = Path(directory, name)
+            relative = path.relative_to(PACKAGE_DIR).as_posix()
+            definition = relative.startswith("experiments/") and name.endswith(".yaml")
+            if relative in PRESENTATION_ONLY or definition:
+                continue
+            digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def file_digest(path: Path) -> str:
+    """The SHA-256 of a (trace) file's contents."""
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()[:16]
+
+
+def point_inputs(experiment: Experiment, point: Point) -> dict[str, str]:
+    """A digest per input that determines ``point``'s row: its command, its design's
+    profile after every override, the platform config (live points), the scenario,
+    the synthetic trace's spec or the recorded trace's contents, and the code."""
+    parts: dict[str, object] = {
+        "command": list(point.command),
+        "profile": load_profile(point.design, experiment.profile_overrides(point)).tree,
+        "scenario": [repr(item) for item in (*point.inject, *point.qmp)],
+        "code": code_digest(),
+    }
+    if point.trace is None:
+        config = dataclasses.asdict(load_config(experiment.platform))
+        del config["source"]
+        parts["platform"] = config
+    elif point.trace.synth is not None:
+        parts["trace"] = point.trace.synth.metadata()
+    else:
+        assert point.trace.path is not None
+        parts["trace"] = file_digest(point.trace.path)
+    return {
+        name: hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        for name, value in parts.items()
+    }
+
+
+def changed_inputs(row: dict[str, Any], inputs: dict[str, str]) -> list[str]:
+    """Which of ``inputs`` differ from those ``row`` was made from ([] if none)."""
+    recorded = row.get("inputs")
+    if not isinstance(recorded, dict):
+        return ["inputs (the row records none: an older cxlssd made it)"]
+    return [name for name in sorted(set(inputs) | set(recorded)) if recorded.get(name) != inputs.get(name)]
 
 
 def _workload_report(stdout: bytes) -> dict[str, Any]:
@@ -162,23 +241,79 @@ def materialize_trace(source: TraceSource, out_dir: Path) -> Path:
 
 
 def load_points(out_dir: Path) -> dict[str, dict[str, Any]]:
-    """The rows already in ``DIR/points.jsonl`` by point key (the last one wins)."""
+    """The rows already in ``DIR/points.jsonl`` by point key (the last one wins). A
+    torn last line (the runner killed while writing it) is skipped with a warning;
+    any other line that is not a row is an :class:`InputError`."""
     path = out_dir / POINTS_FILE
     rows: dict[str, dict[str, Any]] = {}
     if not path.exists():
         return rows
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    lines = path.read_bytes().split(b"\n")
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
             rows[row["key"]] = row
         except (ValueError, KeyError, TypeError):
+            if number == len(lines):  # no newline after it: the write was cut short
+                log.warning("%s:%d is a torn row (an interrupted write); its point runs again",
+                            path, number)
+                continue
             raise InputError(
                 f"{path}:{number} is not a results row; it was not written by this runner "
-                f"(move it away to start afresh)"
+                f"(remove or fix that line: the other rows are kept)"
             ) from None
     return rows
+
+
+def set_aside_torn_row(out_dir: Path) -> None:
+    """Move a torn last line of ``DIR/points.jsonl`` (no newline at its end) to
+    ``points.jsonl.torn``, so new rows are appended after whole ones only."""
+    path = out_dir / POINTS_FILE
+    if not path.exists():
+        return
+    with open(path, "r+b") as points:
+        data = points.read()
+        if not data or data.endswith(b"\n"):
+            return
+        start = data.rfind(b"\n") + 1
+        with open(path.with_name(POINTS_FILE + TORN_SUFFIX), "ab") as torn:
+            torn.write(data[start:] + b"\n")
+        points.truncate(start)
+        os.fsync(points.fileno())
+    log.warning("the last row of %s was torn (an interrupted write); set aside in %s%s",
+                path, path.name, TORN_SUFFIX)
+
+
+@contextmanager
+def locked_out_dir(out_dir: Path) -> Iterator[None]:
+    """Hold ``DIR/.lock`` (an exclusive flock): two runs never append to one results dir."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        lock = os.open(out_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as error:
+        raise InputError(f"cannot write to the results directory {out_dir}: {error.strerror}") from None
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(lock, 32, 0).decode(errors="replace").strip() or "?"
+            raise ConfigError(
+                f"another run (pid {holder}) is writing to {out_dir}; wait for it or choose another --out"
+            ) from None
+        os.ftruncate(lock, 0)
+        os.pwrite(lock, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(lock)
+
+
+def _append_synced(points_file: TextIO, row: dict[str, Any]) -> None:
+    """Append ``row`` as one line, on disk before the next point starts."""
+    points_file.write(json.dumps(row, sort_keys=True) + "\n")
+    points_file.flush()
+    os.fsync(points_file.fileno())
 
 
 class ExperimentRunner:
@@ -192,20 +327,35 @@ class ExperimentRunner:
         self._progress = _Progress(0, 0)
 
     def pending(self) -> list[Point]:
+        """The points without a row made from their current inputs (saying why a
+        point that has a row runs again)."""
         done = load_points(self.out_dir)
-        return [p for p in self.experiment.points() if p.key not in done]
+        todo = []
+        for point in self.experiment.points():
+            row = done.get(point.key)
+            if row is None:
+                todo.append(point)
+            elif changed := changed_inputs(row, point_inputs(self.experiment, point)):
+                log.warning("%s runs again: its %s changed since it ran", point.key, ", ".join(changed))
+                todo.append(point)
+        return todo
 
     def run(self) -> dict[str, dict[str, Any]]:
         """Run what is pending; returns every row of the experiment so far, by key."""
-        pending = self.pending()
-        live = [p for p in pending if p.trace is None]
-        if self.platform is not None and any(p.takes_down_cxl for p in live):
+        live_points = [p for p in self.experiment.points() if p.trace is None]
+        if self.platform is not None and any(p.takes_down_cxl for p in live_points):
             raise ConfigError(
                 "an uncorrectable-error injection takes the guest's CXL memory down until it reboots; "
                 "the runner reboots the platforms it boots, but not one it was given (its owner would "
                 "be left without CXL memory): run this experiment on a platform of its own (./cxlssd run)"
             )
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with locked_out_dir(self.out_dir):
+            set_aside_torn_row(self.out_dir)
+            return self._run_pending()
+
+    def _run_pending(self) -> dict[str, dict[str, Any]]:
+        pending = self.pending()
+        live = [p for p in pending if p.trace is None]
         total = len(self.experiment.points())
         if not pending:
             log.info("%s: all %d points already done in %s", self.experiment.name, total, self.out_dir)
@@ -221,10 +371,15 @@ class ExperimentRunner:
                 with self._platform() as platform:
                     while live:
                         point = live.pop(0)
-                        self._record(points_file, point, partial(self._live, platform, point))
-                        if point.takes_down_cxl and live:
+                        row = self._record(points_file, point, partial(self._live, platform, point))
+                        if not live:
+                            break
+                        if point.takes_down_cxl:
                             log.info("%s took the guest's CXL memory down: a fresh guest for the "
                                      "remaining %d points", point.key, len(live))
+                            break
+                        if row.get("timed_out") and self.platform is None:
+                            log.info("a fresh guest for the remaining %d points", len(live))
                             break
         return load_points(self.out_dir)
 
@@ -245,14 +400,19 @@ class ExperimentRunner:
         scenario = QmpScenario(platform, point.qmp) if point.qmp else None
         if scenario is not None:
             scenario.prepare()  # with the plugin still dormant: faster
-        with platform.attach(point.design, self.experiment.profile_overrides(point)) as session:
-            for at_ms, knob in point.inject:
-                send_knob(platform, knob, at_ms)
-            if scenario is None:
-                status, out, err = session.run(point.command)
-            else:
-                with scenario:
-                    status, out, err = session.run(point.command)
+        timeout_s = self.experiment.point_timeout_s
+        try:
+            with platform.attach(point.design, self.experiment.profile_overrides(point)) as session:
+                for at_ms, knob in point.inject:
+                    send_knob(platform, knob, at_ms)
+                with scenario if scenario is not None else contextlib.nullcontext():
+                    status, out, err = session.run(point.command, timeout_s=timeout_s)
+        except GuestTimeout as error:
+            log.error("%s did not finish within point_timeout_s = %.0f s: recorded as failed", point.key,
+                      timeout_s)
+            row = point_row(point, TIMED_OUT_STATUS, b"", str(error).encode(), {})
+            row["timed_out"] = True
+            return row
         row = point_row(point, status, out, err, session.results)
         row["instance"] = platform.name  # which guest ran it (a run may boot more than one)
         row["knobs"] = session.results.get("knobs", [])
@@ -260,14 +420,19 @@ class ExperimentRunner:
             row["qmp"] = scenario.observations()
         return row
 
-    def _record(self, points_file: TextIO, point: Point, run: Callable[[], dict[str, Any]]) -> None:
-        """Run one point, append its row to the points file at once, log the progress."""
+    def _record(
+        self, points_file: TextIO, point: Point, run: Callable[[], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Run one point, append its row (with the digests of its inputs) to the points
+        file at once, log the progress; returns the row."""
+        inputs = point_inputs(self.experiment, point)
         began = time.monotonic()
         row = run()
         row["wall_s"] = time.monotonic() - began  # emulation time, for the ETA only
-        points_file.write(json.dumps(row, sort_keys=True) + "\n")
-        points_file.flush()
+        row["inputs"] = inputs
+        _append_synced(points_file, row)
         self._progress.log(point, row)
+        return row
 
 
 class _Progress:

@@ -8,6 +8,7 @@ Example (``experiments/demo.yaml``)::
     baseline: base-cssd            # speedups are over this design
     ideal: dram-only               # "fraction of ideal" is against this one
     repeat: 1                      # live points run this many times (mean and spread reported)
+    point_timeout_s: 3600          # a live point still running after this is recorded as failed
     workloads:                     # live: a guest command under each design
       - name: chase
         command: [chase, --bytes, "{footprint}", --warm, "1"]
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,13 +59,16 @@ from cxlssd.firmware.synth import SynthSpec
 from cxlssd.firmware.trace import TraceReader
 from cxlssd.platform.config import CONFIG_DIR, load_config
 from cxlssd.platform.inject import DcLayout, DeviceView
-from cxlssd.yamlfile import read_yaml
+from cxlssd.yamlfile import read_yaml, short_repr
 
 EXPERIMENT_DIR = Path(__file__).resolve().parent
 DEMO_FILE = EXPERIMENT_DIR / "demo.yaml"
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_REPEAT = 100
+MAX_POINTS = 10_000  # counted before any point is made: a sweep cannot exhaust memory
+DEFAULT_POINT_TIMEOUT_S = 3600.0
+MAX_POINT_TIMEOUT_S = 7 * 24 * 3600.0
 TRACE_DIR = "traces"  # synthesized traces go here, in the results directory
 
 
@@ -153,6 +158,8 @@ class Experiment:
     source: str
     notes: str = ""  # copied into the report: what the reader must know to read the results
     repeat: int = 1  # repetitions of every live point (a workload may say otherwise)
+    # wall-clock limit of one live point's guest command (a hung guest): then recorded as failed
+    point_timeout_s: float = DEFAULT_POINT_TIMEOUT_S
 
     def points(self) -> list[Point]:
         """Every point, workload-major: all designs of a case back to back, repetition
@@ -178,27 +185,37 @@ class Experiment:
 def _check_keys(raw: dict[str, Any], allowed: set[str], where: str) -> None:
     for key in raw:
         if key not in allowed:
-            hint = difflib.get_close_matches(str(key), sorted(allowed), n=1)
+            hint = difflib.get_close_matches(str(key), sorted(allowed), n=1) if len(str(key)) < 100 else []
             fix = f"did you mean '{hint[0]}'?" if hint else f"allowed: {', '.join(sorted(allowed))}"
-            raise ConfigError(f"{where}: unknown key '{key}'; {fix}")
+            raise ConfigError(f"{where}: unknown key {short_repr(str(key))}; {fix}")
 
 
 def _strings(value: object, where: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not value or not all(isinstance(v, str | int | float) for v in value):
-        raise ConfigError(f"{where}: expected a non-empty list of strings, got {value!r}")
+        raise ConfigError(f"{where}: expected a non-empty list of strings, got {short_repr(value)}")
     return tuple(str(v) for v in value)
 
 
 def _name(name: object, where: str) -> str:
     if not isinstance(name, str) or not _NAME.match(name):
-        raise ConfigError(f"{where}: name {name!r} must be 1-64 letters, digits, '.', '-' or '_'")
+        raise ConfigError(f"{where}: name {short_repr(name)} must be 1-64 letters, digits, '.', '-' or '_'")
     return name
 
 
 def _repeat(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_REPEAT:
-        raise ConfigError(f"{where}: repeat must be a whole number of runs, 1..{MAX_REPEAT}, got {value!r}")
+        raise ConfigError(
+            f"{where}: repeat must be a whole number of runs, 1..{MAX_REPEAT}, got {short_repr(value)}"
+        )
     return value
+
+
+def _point_timeout(value: object, where: str) -> float:
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not 1 <= value <= MAX_POINT_TIMEOUT_S):  # also rejects NaN
+        raise ConfigError(f"{where}: point_timeout_s must be 1..{MAX_POINT_TIMEOUT_S:.0f} seconds, "
+                          f"got {short_repr(value)}")
+    return float(value)
 
 
 def _sweep(raw: object, where: str) -> dict[str, tuple[str, ...]]:
@@ -244,7 +261,7 @@ def _synth(raw: object, where: str) -> SynthSpec:
         default = getattr(defaults, key)
         wanted = str if isinstance(default, str) else int | float if isinstance(default, float) else int
         if isinstance(value, bool) or not isinstance(value, wanted):
-            raise ConfigError(f"{where}.{key}: expected a value like {default!r}, got {value!r}")
+            raise ConfigError(f"{where}.{key}: expected a value like {default!r}, got {short_repr(value)}")
     spec = SynthSpec(**values)
     try:
         spec.check()
@@ -267,14 +284,14 @@ def _trace(raw: object, where: str, base: Path) -> Workload:
     sweep = _sweep(raw.get("sweep") or {}, f"{where}.sweep")
     if any("." not in k for k in sweep):
         bad = next(k for k in sweep if "." not in k)
-        raise ConfigError(f"{where}.sweep: {bad!r} is not a profile key (a replay has no command, "
+        raise ConfigError(f"{where}.sweep: {short_repr(bad)} is not a profile key (a replay has no command, "
                           "so it sweeps profile keys such as context_switch.threshold_ns)")
     if "synth" in raw:
         synth = _synth(raw["synth"], f"{where}.synth")
         return Workload(name, sweep=sweep, trace=TraceSource(name, synth=synth))
     path = raw["path"]
     if not isinstance(path, str):
-        raise ConfigError(f"{where}.path: expected a file name, got {path!r}")
+        raise ConfigError(f"{where}.path: expected a file name, got {short_repr(path)}")
     resolved = Path(path) if Path(path).is_absolute() else base / path
     if not resolved.is_file():
         raise InputError(f"{where}: trace {resolved} does not exist; record one (./cxlssd guest exec "
@@ -297,14 +314,15 @@ def _scenario(raw: object, where: str) -> tuple[tuple[tuple[float, FirmwareKnob]
             qmp.append(qmp_event_from_dict(entry, here))
             continue
         if not isinstance(entry, dict) or kind not in KNOBS:
-            raise ConfigError(f"{here}: kind {kind!r} is not a firmware knob ({', '.join(KNOBS)}; timed by "
+            raise ConfigError(f"{here}: kind {short_repr(kind)} is not a firmware knob "
+                              f"({', '.join(KNOBS)}; timed by "
                               f"at_ms) or a QMP injection ({', '.join(QMP_KINDS)}; timed by after_s or at)")
         if "at_ms" not in entry:
             raise ConfigError(f"{here}: {kind} is a firmware knob: it needs at_ms (modelled ms after "
                               "the first request)")
         at_ms = entry["at_ms"]
         if isinstance(at_ms, bool) or not isinstance(at_ms, int | float) or not 0 <= at_ms <= 3_600_000:
-            raise ConfigError(f"{here}.at_ms: expected 0..3600000 ms, got {at_ms!r}")
+            raise ConfigError(f"{here}.at_ms: expected 0..3600000 ms, got {short_repr(at_ms)}")
         try:
             knob = knob_from_dict({k: v for k, v in entry.items() if k != "at_ms"})
         except InputError as error:
@@ -319,7 +337,7 @@ def _platform_path(value: object, base: Path, where: str) -> Path:
     for candidate in (CONFIG_DIR / f"{value}.yaml", base / value, Path(value)):
         if candidate.is_file():
             return candidate
-    raise ConfigError(f"{where}: no platform config {value!r} (in {CONFIG_DIR} or as a path)")
+    raise ConfigError(f"{where}: no platform config {short_repr(value)} (in {CONFIG_DIR} or as a path)")
 
 
 def _entries(raw: dict[str, Any], key: str, source: str) -> list[Any]:
@@ -333,7 +351,7 @@ def experiment_from_dict(raw: object, source: str, base: Path = EXPERIMENT_DIR) 
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: an experiment is a mapping (name, designs, workloads, ...)")
     keys = {"name", "platform", "designs", "workloads", "traces", "baseline", "ideal", "overrides", "notes",
-            "repeat"}
+            "repeat", "point_timeout_s"}
     _check_keys(raw, keys, source)
     notes = raw.get("notes", "")
     if not isinstance(notes, str):
@@ -362,7 +380,9 @@ def experiment_from_dict(raw: object, source: str, base: Path = EXPERIMENT_DIR) 
     design_name: Any
     for role, design_name in (("baseline", baseline), ("ideal", ideal)):
         if design_name is not None and design_name not in designs:
-            raise ConfigError(f"{source}: {role} {design_name!r} is not one of the designs {list(designs)}")
+            raise ConfigError(
+                f"{source}: {role} {short_repr(design_name)} is not one of the designs {list(designs)}"
+            )
     platform = _platform_path(raw.get("platform", "default"), base, source)
     devices = [DeviceView(index=i, size_bytes=d.size_bytes, dynamic_capacity=DcLayout.of_config(d))
                for i, d in enumerate(load_config(platform).cxl_devices)]
@@ -379,7 +399,14 @@ def experiment_from_dict(raw: object, source: str, base: Path = EXPERIMENT_DIR) 
         source=source,
         notes=notes,
         repeat=_repeat(raw["repeat"], source) if "repeat" in raw else 1,
+        point_timeout_s=_point_timeout(raw.get("point_timeout_s", DEFAULT_POINT_TIMEOUT_S), source),
     )
+    points = len(designs) * sum(
+        math.prod(len(values) for values in w.sweep.values()) * experiment.repetitions(w) for w in workloads
+    )
+    if points > MAX_POINTS:
+        raise ConfigError(f"{source}: {points} points (designs x sweep cases x repetitions); at most "
+                          f"{MAX_POINTS} per experiment: split it or sweep fewer values")
     # A swept profile key must suit every design: checked for each case now.
     for point in {(p.design, p.overrides): p for p in experiment.points() if p.overrides}.values():
         try:

@@ -15,6 +15,7 @@ from cxlssd.firmware.replay import replay_file, summary_lines
 from cxlssd.firmware.serve import serve
 from cxlssd.firmware.synth import PATTERNS, SynthSpec, generate
 from cxlssd.firmware.trace import TraceReader, TraceWriter
+from cxlssd.paths import check_writable_output
 from cxlssd.platform.plugin.ring import RingError
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     profile = load_profile(args.design, args.overrides)
     if not Path(args.trace).is_file():
         raise InputError(f"trace {args.trace} does not exist; make one with `cxlssd trace synth`")
+    if args.out:
+        check_writable_output(args.out, "results")  # before the replay, not after it
     result = replay_file(args.trace, profile, vectorize=not args.no_vectorize)
     for line in summary_lines(result):
         print(line)

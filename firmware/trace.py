@@ -10,19 +10,24 @@ Layout (all little-endian)::
     chunks   each: "<II" record count, CRC-32 of the payload; then
              count x REQUEST_DTYPE records (24 bytes each)
 
-The writer patches the totals into the header when it closes, so a file whose
-writer did not finish, or that was cut short, is rejected, as is a wrong magic,
-version, record size or CRC. Chunks let the reader stream traces larger than RAM.
+The writer writes ``NAME.partial`` and, on a clean close, patches the totals into
+the header, syncs and renames it to ``NAME``: a trace exists under its name only
+complete (an interrupted writer leaves at most the ``.partial`` file, which a block
+ending in an error removes). A file whose header totals do not match its size is
+rejected, as is a wrong magic, version, record size or CRC. Chunks let the reader
+stream traces larger than RAM.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 import struct
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NoReturn
 
 import numpy as np
 
@@ -36,6 +41,7 @@ _HEADER = struct.Struct("<8sHHHBBQQI4x")
 _CHUNK = struct.Struct("<II")
 TIMEBASE_CODES = {"issue": 0, "compute": 1}
 DEFAULT_CHUNK_RECORDS = 1 << 16
+MAX_METADATA_BYTES = 1 << 20
 
 
 class TraceWriter(Lifecycle):
@@ -56,7 +62,8 @@ class TraceWriter(Lifecycle):
         self.records = 0
         self.chunks = 0
         self._meta = json.dumps(metadata or {}, sort_keys=True).encode()
-        self._file: BinaryIO = open(self.path, "wb")  # noqa: SIM115 (closed in close())
+        self.partial_path = self.path.with_name(f"{self.path.name}.partial")
+        self._file: BinaryIO = open(self.partial_path, "wb")  # noqa: SIM115 (closed in close())
         self._file.write(self._header())
         self._file.write(self._meta)
 
@@ -79,14 +86,27 @@ class TraceWriter(Lifecycle):
             self.chunks += 1
 
     def close(self) -> None:
+        """Finish the trace: totals into the header, synced, renamed to its name."""
         if self._file.closed:
             return
         self._file.seek(0)
         self._file.write(self._header())
+        self._file.flush()
+        os.fsync(self._file.fileno())
         self._file.close()
+        self.partial_path.replace(self.path)
+
+    def discard(self) -> None:
+        """Give up: the partial file is removed, nothing appears under the trace's name."""
+        if not self._file.closed:
+            self._file.close()
+        self.partial_path.unlink(missing_ok=True)
 
     def _end(self, error: BaseException | None) -> None:
-        self.close()
+        if error is None:
+            self.close()
+        else:
+            self.discard()
 
 
 class TraceReader:
@@ -95,8 +115,13 @@ class TraceReader:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         try:
-            self._size = self.path.stat().st_size
-            with open(self.path, "rb") as f:
+            # O_NONBLOCK: a FIFO given as a trace is refused below, not waited on.
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
+                found = os.fstat(fd)
+                if not stat.S_ISREG(found.st_mode):
+                    self._fail("is not a regular file")
+                self._size = found.st_size
                 head = f.read(_HEADER.size)
                 if len(head) < _HEADER.size:
                     self._fail("is too short to hold a trace header")
@@ -112,6 +137,9 @@ class TraceReader:
                 if header_bytes != _HEADER.size or record_bytes != REQUEST_DTYPE.itemsize:
                     self._fail(f"has a {header_bytes} B header / {record_bytes} B records; "
                                f"version {VERSION} uses {_HEADER.size} / {REQUEST_DTYPE.itemsize}")
+                if meta_bytes > min(MAX_METADATA_BYTES, self._size):
+                    self._fail(f"claims {meta_bytes} bytes of metadata (at most {MAX_METADATA_BYTES}, "
+                               f"in a {self._size}-byte file): it is corrupt")
                 meta = f.read(meta_bytes)
         except OSError as error:
             raise InputError(f"cannot read trace {path}: {error.strerror}") from None
@@ -123,7 +151,13 @@ class TraceReader:
         if timebase not in names:
             self._fail(f"has an unknown timebase code {timebase}")
         self.timebase: str = names[timebase]
-        self.metadata: dict[str, Any] = json.loads(meta or b"{}")
+        try:
+            metadata = json.loads(meta or b"{}")
+        except (ValueError, RecursionError):
+            metadata = None
+        if not isinstance(metadata, dict):
+            self._fail("has metadata that is not a UTF-8 JSON object")
+        self.metadata: dict[str, Any] = metadata
         self._data_offset = _HEADER.size + meta_bytes
         expected = self._data_offset + chunks * _CHUNK.size + records * REQUEST_DTYPE.itemsize
         if self._size != expected:
@@ -133,7 +167,7 @@ class TraceReader:
                 "did not finish; re-create it"
             )
 
-    def _fail(self, problem: str) -> None:
+    def _fail(self, problem: str) -> NoReturn:
         raise InputError(f"trace {self.path} {problem}")
 
     def chunks(self) -> Iterator[np.ndarray]:
@@ -145,6 +179,8 @@ class TraceReader:
                 if len(head) < _CHUNK.size:
                     self._fail(f"is truncated in chunk {index}")
                 count, crc = _CHUNK.unpack(head)
+                if count > self.records:
+                    self._fail(f"chunk {index} claims {count} records, more than the trace's {self.records}")
                 payload = f.read(count * REQUEST_DTYPE.itemsize)
                 if len(payload) < count * REQUEST_DTYPE.itemsize:
                     self._fail(f"is truncated in chunk {index}")

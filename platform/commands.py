@@ -14,6 +14,7 @@ from typing import Any
 from cxlssd.errors import ConfigError
 from cxlssd.firmware.profile import load_profile
 from cxlssd.guest.runtime.install import with_guest_env
+from cxlssd.paths import check_writable_output
 from cxlssd.platform.config import CONFIG_DIR, DEFAULT_CONFIG, load_config, load_multi_config
 from cxlssd.platform.machine import Platform
 from cxlssd.platform.multi import MultiPlatform, live_designs
@@ -88,6 +89,9 @@ def guest_exec(args: argparse.Namespace) -> int:
         raise ConfigError("--set, --record, --results and --no-bind need --design NAME")
     if args.design is not None:
         load_profile(args.design, args.overrides)  # a bad design fails before the guest boots
+    for output, what in ((args.results, "results"), (args.record, "trace")):
+        if output is not None:
+            check_writable_output(output, what)  # before the boot, not after the run
     config = load_config(args.config)
     with Platform(config) as platform:
         if args.design is None:

@@ -27,13 +27,14 @@ from __future__ import annotations
 import contextlib
 import difflib
 import ipaddress
+import math
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from cxlssd.errors import ConfigError
-from cxlssd.yamlfile import read_yaml
+from cxlssd.yamlfile import read_yaml, short_repr
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
@@ -44,24 +45,25 @@ GiB = 1 << 30
 # granularity: a device size must be a multiple of it.
 CXL_SIZE_ALIGN_BYTES = 256 * MiB
 _UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": MiB, "GiB": GiB, "TiB": 1 << 40}
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]iB|B)?\s*$")
+_SIZE_RE = re.compile(r"^\s*(\d{1,19})\s*([KMGT]iB|B)?\s*$")  # digits bounded: int() stays cheap
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
 
 
 def parse_size(value: object, key: str) -> int:
     """Bytes from ``value`` (an int, or a string like ``"512MiB"``)."""
     if isinstance(value, bool):
-        raise ConfigError(f"{key}: expected a size like 1GiB, got {value!r}")
+        raise ConfigError(f"{key}: expected a size like 1GiB, got {short_repr(value)}")
     if isinstance(value, int):
         size = value
     elif isinstance(value, str) and (match := _SIZE_RE.match(value)):
         size = int(match.group(1)) * _UNITS[match.group(2) or ""]
     else:
         raise ConfigError(
-            f"{key}: {value!r} is not a size; write bytes or a number with KiB/MiB/GiB/TiB, e.g. 1GiB"
+            f"{key}: {short_repr(value)} is not a size; write bytes or a number with "
+            "KiB/MiB/GiB/TiB, e.g. 1GiB"
         )
     if size <= 0:
-        raise ConfigError(f"{key}: size must be positive, got {value!r}")
+        raise ConfigError(f"{key}: size must be positive, got {short_repr(value)}")
     return size
 
 
@@ -71,6 +73,14 @@ def format_size(size_bytes: int) -> str:
             return f"{size_bytes // _UNITS[unit]}{unit}"
     return f"{size_bytes}B"
 
+
+# Upper bounds of the numeric keys: far above any sensible value, low enough that
+# nothing derived from them overflows or waits forever.
+MAX_VCPUS = 64
+MAX_BOOT_TIMEOUT_S = 24 * 3600.0
+MAX_LLC_WAYS = 64
+MAX_FREQUENCY_GHZ = 100.0
+MAX_CPI = 1000.0
 
 # A device has at most 8 DC regions (CXL r3.x; QEMU's region table has 8 entries).
 DC_MAX_REGIONS = 8
@@ -146,13 +156,13 @@ class PlatformConfig:
 def _check_keys(section: dict[str, Any], allowed: set[str], where: str) -> None:
     for key in section:
         if key not in allowed:
-            hint = difflib.get_close_matches(str(key), sorted(allowed), n=1)
+            hint = difflib.get_close_matches(str(key), sorted(allowed), n=1) if len(str(key)) < 100 else []
             fix = (
                 f"did you mean '{hint[0]}'?"
                 if hint
                 else f"allowed keys: {', '.join(sorted(allowed))}"
             )
-            raise ConfigError(f"{where}: unknown key '{key}'; {fix}")
+            raise ConfigError(f"{where}: unknown key {short_repr(str(key))}; {fix}")
 
 
 def _mapping(value: object, where: str) -> dict[str, Any]:
@@ -165,11 +175,13 @@ def _mapping(value: object, where: str) -> dict[str, Any]:
     return value
 
 
-def _positive_number(value: object, key: str, kind: type) -> Any:
+def _positive_number(value: object, key: str, kind: type, maximum: float) -> Any:
+    """``value`` as a ``kind`` in (0, maximum]; NaN and infinities are refused (a NaN
+    timeout never expires)."""
     if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-        raise ConfigError(f"{key}: expected a positive {kind.__name__}, got {value!r}")
-    if value <= 0:
-        raise ConfigError(f"{key}: must be positive, got {value!r}")
+        raise ConfigError(f"{key}: expected a positive {kind.__name__}, got {short_repr(value)}")
+    if not math.isfinite(value) or not 0 < value <= maximum:
+        raise ConfigError(f"{key}: must be positive and at most {maximum:g}, got {short_repr(value)}")
     return kind(value)
 
 
@@ -184,9 +196,10 @@ def _guest_from(raw: dict[str, Any], where: str) -> GuestConfig:
         )
     return GuestConfig(
         dram_bytes=dram_bytes,
-        vcpus=_positive_number(raw.get("vcpus", defaults.vcpus), f"{where}.vcpus", int),
+        vcpus=_positive_number(raw.get("vcpus", defaults.vcpus), f"{where}.vcpus", int, MAX_VCPUS),
         boot_timeout_s=_positive_number(
-            raw.get("boot_timeout_s", defaults.boot_timeout_s), f"{where}.boot_timeout_s", float
+            raw.get("boot_timeout_s", defaults.boot_timeout_s), f"{where}.boot_timeout_s", float,
+            MAX_BOOT_TIMEOUT_S,
         ),
     )
 
@@ -195,17 +208,17 @@ def _cpu_from(raw: dict[str, Any], where: str) -> CpuConfig:
     defaults = CpuConfig()
     _check_keys(raw, {"frequency_ghz", "cpi", "llc", "llc_ways"}, where)
     llc_bytes = parse_size(raw["llc"], f"{where}.llc") if "llc" in raw else defaults.llc_bytes
-    ways = _positive_number(raw.get("llc_ways", defaults.llc_ways), f"{where}.llc_ways", int)
+    ways = _positive_number(raw.get("llc_ways", defaults.llc_ways), f"{where}.llc_ways", int, MAX_LLC_WAYS)
     sets, rest = divmod(llc_bytes, 64 * ways)
-    if ways > 64 or rest or sets & (sets - 1) or not sets:
+    if rest or sets & (sets - 1) or not sets:
         raise ConfigError(
             f"{where}: an LLC of {format_size(llc_bytes)} with {ways} ways does not have a power-of-2 "
             "number of 64-byte-line sets (ways 1..64); e.g. llc: 2MiB, llc_ways: 16"
         )
     return CpuConfig(
         frequency_ghz=_positive_number(raw.get("frequency_ghz", defaults.frequency_ghz),
-                                       f"{where}.frequency_ghz", float),
-        cpi=_positive_number(raw.get("cpi", defaults.cpi), f"{where}.cpi", float),
+                                       f"{where}.frequency_ghz", float, MAX_FREQUENCY_GHZ),
+        cpi=_positive_number(raw.get("cpi", defaults.cpi), f"{where}.cpi", float, MAX_CPI),
         llc_bytes=llc_bytes,
         llc_ways=ways,
     )
@@ -216,7 +229,7 @@ def _dynamic_capacity_from(raw: object, where: str) -> DynamicCapacityConfig:
     _check_keys(section, {"regions", "size"}, where)
     if "size" not in section:
         raise ConfigError(f"{where}: missing 'size', the dynamic capacity of all regions (e.g. size: 256MiB)")
-    regions = _positive_number(section.get("regions", 1), f"{where}.regions", int)
+    regions = _positive_number(section.get("regions", 1), f"{where}.regions", int, math.inf)
     if regions > DC_MAX_REGIONS:
         raise ConfigError(f"{where}.regions: {regions} DC regions; a device has at most {DC_MAX_REGIONS}")
     size = parse_size(section["size"], f"{where}.size")
@@ -340,7 +353,8 @@ class MultiPlatformConfig:
 def _checked_name(name: object, where: str) -> str:
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise ConfigError(
-            f"{where}: name {name!r} must be 1-32 letters, digits, '-' or '_' (it names the instance)"
+            f"{where}: name {short_repr(name)} must be 1-32 letters, digits, '-' or '_' "
+            "(it names the instance)"
         )
     return name
 
@@ -359,14 +373,14 @@ def _single_guest_part(top: dict[str, Any], source: str) -> dict[str, Any]:
 
 def _subnet_from(value: object, key: str) -> ipaddress.IPv4Network:
     if not isinstance(value, str):
-        raise ConfigError(f"{key}: expected an IPv4 subnet like 10.77.0.0/24, got {value!r}")
+        raise ConfigError(f"{key}: expected an IPv4 subnet like 10.77.0.0/24, got {short_repr(value)}")
     try:
         subnet = ipaddress.IPv4Network(value, strict=True)
     except ValueError as error:
         fix = ""
         with contextlib.suppress(ValueError):
             fix = f"; did you mean {ipaddress.IPv4Network(value, strict=False)}?"
-        raise ConfigError(f"{key}: {value!r} is not an IPv4 subnet ({error}){fix}") from None
+        raise ConfigError(f"{key}: {short_repr(value)} is not an IPv4 subnet ({error}){fix}") from None
     low, high = BRIDGE_PREFIX_RANGE
     if not low <= subnet.prefixlen <= high:
         raise ConfigError(f"{key}: {subnet} must have a prefix length from /{low} to /{high}")
@@ -388,7 +402,7 @@ def _network_from(raw: object, where: str) -> NetworkConfig:
     _check_keys(section, {"mode", "subnet"}, where)
     mode = section.get("mode", NetworkConfig.mode)
     if mode not in NETWORK_MODES:
-        raise ConfigError(f"{where}.mode: {mode!r} is not one of {', '.join(NETWORK_MODES)}")
+        raise ConfigError(f"{where}.mode: {short_repr(mode)} is not one of {', '.join(NETWORK_MODES)}")
     if "subnet" in section and mode != "bridge":
         raise ConfigError(f"{where}.subnet: only a bridge network has a subnet (set mode: bridge)")
     subnet = (
@@ -409,7 +423,7 @@ def _design_from(value: object, key: str) -> str | None:
     designs = available_profiles()
     if value not in designs:
         raise ConfigError(
-            f"{key}: unknown design {value!r}{suggest(str(value), designs)}; "
+            f"{key}: unknown design {short_repr(value)}{suggest(str(value), designs)}; "
             f"choose one of: {', '.join(designs)}"
         )
     return str(value)
@@ -422,7 +436,7 @@ def _address_from(value: object, network: NetworkConfig, key: str) -> ipaddress.
     try:
         address = ipaddress.IPv4Interface(str(value))
     except ValueError:
-        raise ConfigError(f"{key}: {value!r} is not an IPv4 address") from None
+        raise ConfigError(f"{key}: {short_repr(value)} is not an IPv4 address") from None
     subnet = network.subnet
     if "/" in str(value) and address.network != subnet:
         raise ConfigError(f"{key}: {value} is not on the bridge subnet {subnet} (or drop the prefix)")

@@ -38,11 +38,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from cxlssd.errors import ConfigError, GuestError
 from cxlssd.firmware.knobs import DeviceShape, FirmwareKnob, check_fits, knob_to_dict
 from cxlssd.firmware.profile import Profile, load_profile
-from cxlssd.lifecycle import pid_alive
+from cxlssd.lifecycle import ProcessId
 from cxlssd.paths import runtime_root
 from cxlssd.platform.config import DC_MAX_REGIONS, CxlDeviceConfig, format_size
 from cxlssd.platform.live import attached_firmware_path, control_path
 from cxlssd.platform.machine import pid_file_alive
+from cxlssd.yamlfile import short_repr
 
 if TYPE_CHECKING:
     from cxlssd.platform.machine import Platform
@@ -726,7 +727,7 @@ class RunningInstance:
         if name not in running:
             listing = ", ".join(running) if running else "none"
             raise ConfigError(
-                f"instance {name!r} is not running (running instances: {listing}); "
+                f"instance {short_repr(name)} is not running (running instances: {listing}); "
                 "start one with ./cxlssd guest shell or a Platform, and pass its name"
             )
         info = json.loads((runtime_root() / name / "instance.json").read_text())
@@ -888,13 +889,16 @@ def _attached(target: Platform | RunningInstance, path: Callable[[Path], Path]) 
 
 
 def kill_firmware(target: Platform | RunningInstance) -> InjectionRecord:
-    """SIGKILL the firmware process attached to ``target``."""
-    pid = int(json.loads(_attached(target, attached_firmware_path).read_text())["pid"])
-    if not pid_alive(pid):
-        raise ConfigError(f"the firmware of instance {target.name} (pid {pid}) is already gone")
-    os.kill(pid, signal.SIGKILL)
+    """SIGKILL the firmware process attached to ``target``: the very process its session
+    recorded (pid and start time), never another that reused the pid."""
+    attached = json.loads(_attached(target, attached_firmware_path).read_text())
+    firmware = ProcessId.parse(f"{attached.get('pid')} {attached.get('start_ticks')}")
+    if firmware is None or not firmware.kill(signal.SIGKILL):
+        raise ConfigError(
+            f"the firmware of instance {target.name} (pid {attached.get('pid')}) is already gone"
+        )
     return InjectionRecord(
-        instance=target.name, kind=FirmwareKill.kind, command="SIGKILL", arguments={"pid": pid}
+        instance=target.name, kind=FirmwareKill.kind, command="SIGKILL", arguments={"pid": firmware.pid}
     )
 
 

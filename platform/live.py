@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from cxlssd.errors import ConfigError, FirmwareError
 from cxlssd.firmware.profile import Profile, load_profile, parse_override
 from cxlssd.guest.runtime.install import with_guest_env
-from cxlssd.lifecycle import Lifecycle, describe_exit
+from cxlssd.lifecycle import Lifecycle, ProcessId, describe_exit
 from cxlssd.platform.config import format_size
 from cxlssd.platform.plugin.ring import ATTACHED, RequestRing, RingError
 
@@ -87,6 +87,12 @@ class FirmwareProcess:
     @property
     def pid(self) -> int:
         return self._process.pid if self._process is not None else 0
+
+    def identity(self) -> ProcessId:
+        """Who may be signalled as this firmware (``firmware-kill``): pid and start time."""
+        if self._process is None:
+            raise FirmwareError("the firmware process was never started")
+        return ProcessId.of_child(self._process)
 
     def argv(self) -> list[str]:
         argv = [sys.executable, "-P", "-m", "cxlssd", "serve-firmware", "--ring", str(self.ring),
@@ -243,8 +249,10 @@ class LiveSession(Lifecycle):
         )
         try:
             self._firmware.launch()
+            identity = self._firmware.identity()
             attached_firmware_path(files.ring.parent).write_text(json.dumps(
-                {"pid": self._firmware.pid, "design": self.design, "overrides": self._firmware.overrides}
+                {"pid": identity.pid, "start_ticks": identity.start_ticks, "design": self.design,
+                 "overrides": self._firmware.overrides}
             ))
             counters = platform.plugin_counters()
             profile = self.profile
@@ -270,16 +278,19 @@ class LiveSession(Lifecycle):
         stdout: BinaryIO | None = None,
         stderr: BinaryIO | None = None,
         check: bool = False,
+        timeout_s: float | None = None,
     ) -> tuple[int, bytes, bytes]:
         """Run ``argv`` in the guest for this session: the guest runtime on its
         PATH, its memory bound to :attr:`node` (unless ``bind`` is False), under
         the promotion daemon if the design promotes pages (docs/host-os.md), and
-        stopped with the cause if the firmware or QEMU dies (:meth:`check`)."""
+        stopped with the cause if the firmware or QEMU dies (:meth:`check`) or
+        ``timeout_s`` passes (:class:`GuestTimeout`)."""
         bound = ["numactl", f"--membind={self.node}", *argv] if bind else list(argv)
         if self.promotes:
             bound = ["cxlssd-promote", "--", *bound]
         return self.platform.guest().run(
-            with_guest_env(bound), stdout=stdout, stderr=stderr, check=check, watch=self.check
+            with_guest_env(bound), stdout=stdout, stderr=stderr, check=check, watch=self.check,
+            timeout_s=timeout_s,
         )
 
     def check(self) -> None:

@@ -21,7 +21,7 @@ import os
 import secrets
 import shutil
 import signal
-import socket
+import stat
 import subprocess
 import time
 from collections.abc import Sequence
@@ -29,13 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
+from qemu.qmp import QMPError
 from qemu.qmp.legacy import QEMUMonitorProtocol
 
-from cxlssd.errors import FirmwareError, GuestError, PrerequisiteError
+from cxlssd.errors import FirmwareError, GuestError, GuestTimeout, PrerequisiteError
 from cxlssd.guest.image import GuestImage, ensure_image
 from cxlssd.guest.runtime.build import ensure_runtime
 from cxlssd.guest.runtime.install import install_runtime
-from cxlssd.lifecycle import Lifecycle, describe_exit, pid_alive
+from cxlssd.lifecycle import Lifecycle, ProcessId, describe_exit
 from cxlssd.paths import cache_dir, runtime_root
 from cxlssd.platform.config import PlatformConfig, format_size
 from cxlssd.platform.kvm import probe_kvm
@@ -44,7 +45,7 @@ from cxlssd.platform.plugin.build import ensure_plugin
 from cxlssd.platform.plugin.counters import PluginCounters
 from cxlssd.platform.plugin.pv import PAGE_BYTES as PV_PAGE_BYTES
 from cxlssd.platform.plugin.pv import create_page
-from cxlssd.platform.qemu import LaunchFiles, QemuBinary, check_qemu, qemu_argv
+from cxlssd.platform.qemu import LaunchFiles, QemuBinary, check_qemu, forwarded_ssh_port, qemu_argv
 from cxlssd.platform.ssh import GuestSSH, InstanceKeys, wait_for_banner
 
 log = logging.getLogger(__name__)
@@ -56,8 +57,6 @@ SHUTDOWN_TIMEOUT_S = 15.0
 SERIAL_TAIL_LINES = 25
 KEEP_LOG_DIRS = 20
 PRUNE_AFTER_S = 3600  # only log dirs written to longer ago than this are pruned
-# A runtime dir without owner.pid younger than this is being created, not stale.
-OWNERLESS_GRACE_S = 60.0
 PR_SET_PDEATHSIG = 1
 
 
@@ -112,42 +111,46 @@ def die_with_parent() -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+def _remaining_s(deadline: float) -> float:
+    """What is left until ``deadline`` (monotonic), at least a moment: the step then
+    times out at once if it does not finish right away."""
+    return max(deadline - time.monotonic(), 0.1)
 
 
 def pid_file_alive(pid_file: Path) -> bool:
-    """Whether the process whose pid ``pid_file`` holds is alive (False if the file
-    is missing or garbled). Shared by stale-instance reaping and ``inject``."""
-    try:
-        pid = int(pid_file.read_text())
-    except (OSError, ValueError):
-        return False
-    return pid_alive(pid)
+    """Whether the process ``pid_file`` names (a :class:`ProcessId` record) still runs:
+    False if the file is missing or garbled, or its pid now belongs to another process.
+    Shared by stale-instance reaping and ``inject``."""
+    found = ProcessId.read(pid_file)
+    return found is not None and found.alive()
 
 
-def _being_created(rundir: Path) -> bool:
-    """A runtime dir another launch has just made and not yet stamped with its owner
-    (e.g. the guests of a ``MultiPlatform``, which boot concurrently): not stale."""
+def _is_our_instance(rundir: Path) -> bool:
+    """Whether ``rundir`` is an instance dir this user's platform made: a real directory
+    (not a symlink) owned by us, holding our owner record (``owner.pid``, a regular file)."""
     try:
-        age_s = time.time() - rundir.stat().st_mtime
+        found = rundir.lstat()
     except OSError:
         return False
-    return not (rundir / "owner.pid").exists() and age_s < OWNERLESS_GRACE_S
+    uid = os.geteuid()
+    return (
+        stat.S_ISDIR(found.st_mode) and found.st_uid == uid
+        and ProcessId.read(rundir / "owner.pid") is not None
+        and (rundir / "owner.pid").lstat().st_uid == uid
+    )
 
 
 def reap_stale_instances() -> list[str]:
-    """Remove runtime dirs of instances whose owner process is gone (killed -9),
-    killing their QEMU if it survived. Returns the names reaped."""
+    """Remove the runtime dirs of instances whose owner process is gone (killed -9),
+    killing their QEMU if that very process survived (pid and start time match).
+    Anything without our instance record is left alone. Returns the names reaped."""
     reaped = []
     for rundir in runtime_root().iterdir():
-        if pid_file_alive(rundir / "owner.pid") or _being_created(rundir):
+        if not _is_our_instance(rundir) or pid_file_alive(rundir / "owner.pid"):
             continue
-        with contextlib.suppress(OSError, ValueError, ProcessLookupError):
-            os.kill(int((rundir / "qemu.pid").read_text()), signal.SIGKILL)
+        qemu = ProcessId.read(rundir / "qemu.pid")
+        if qemu is not None:
+            qemu.kill(signal.SIGKILL)
         shutil.rmtree(rundir, ignore_errors=True)
         reaped.append(rundir.name)
     return reaped
@@ -235,11 +238,16 @@ class Platform(Lifecycle):
         try:
             self._start(qemu, image, root)
             started = time.monotonic()
-            self._wait_until_ready(started)
-            self.devices = self._setup_cxl()
-            self._publish_windows()
-            assert self.ssh is not None
-            install_runtime(self.ssh, runtime)
+            # guest.boot_timeout_s covers everything up to ready: boot, CXL setup, runtime.
+            deadline = started + self.config.guest.boot_timeout_s
+            self._wait_until_ready(deadline)
+            try:
+                self.devices = self._setup_cxl(deadline)
+                self._publish_windows()
+                assert self.ssh is not None
+                install_runtime(self.ssh, runtime, _remaining_s(deadline))
+            except GuestTimeout as error:
+                raise self._not_ready(f"({error})") from None
             self._write_instance_file()  # now with what the guest made of each device
             self.boot_seconds = time.monotonic() - started
             log.info(
@@ -255,7 +263,7 @@ class Platform(Lifecycle):
         rundir = root / self.name
         rundir.mkdir(mode=0o700)
         self.rundir = rundir
-        (rundir / "owner.pid").write_text(str(os.getpid()))
+        ProcessId.of_self().write(rundir / "owner.pid")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._prune_logs()
         self._keys = InstanceKeys.generate(rundir)
@@ -269,8 +277,7 @@ class Platform(Lifecycle):
             cxl_backing=tuple(rundir / f"cxl{i}.raw" for i in range(len(self.config.cxl_devices))),
         )
         self._files = files
-        self.ssh_port = _free_port()
-        argv = [*qemu_argv(qemu, self.config, files, self.ssh_port), *self.extra_qemu_args]
+        argv = [*qemu_argv(qemu, self.config, files), *self.extra_qemu_args]
         if self.plugin:
             # Paths go into QEMU's comma-separated plugin options: the runtime root has no commas.
             self._plugin_files = PluginFiles(
@@ -291,7 +298,7 @@ class Platform(Lifecycle):
                 preexec_fn=die_with_parent,
                 pass_fds=self.pass_fds,
             )
-        (rundir / "qemu.pid").write_text(str(self._process.pid))
+        ProcessId.of_child(self._process).write(rundir / "qemu.pid")
         log.info(
             "booting guest %s (QEMU pid %d, serial log %s)",
             self.name,
@@ -343,19 +350,39 @@ class Platform(Lifecycle):
                 f"{qemu_out[-1500:] or '(no output)'}\n{self.serial_tail()}"
             )
 
-    def _wait_until_ready(self, started: float) -> None:
-        deadline = started + self.config.guest.boot_timeout_s
+    def _not_ready(self, detail: str = "") -> GuestError:
+        return GuestError(
+            f"guest {self.name} was not ready within {self.config.guest.boot_timeout_s:.0f} s "
+            f"(guest.boot_timeout_s in {self.config.source}: boot, CXL setup and runtime install)"
+            f"{' ' + detail if detail else ''}; {self.serial_tail()}"
+        )
+
+    def _connect_qmp(self, deadline: float) -> QEMUMonitorProtocol:
+        """QMP, as soon as QEMU has created its socket."""
+        assert self._files is not None
+        while True:
+            self._check_alive()
+            qmp = QEMUMonitorProtocol(str(self._files.qmp_socket))
+            try:
+                qmp.connect()
+                return qmp
+            except QMPError:
+                qmp.close()
+            if time.monotonic() > deadline:
+                raise self._not_ready("(QEMU never opened its QMP socket)")
+            time.sleep(0.1)
+
+    def _wait_until_ready(self, deadline: float) -> None:
         assert self._keys is not None
+        self._qmp = self._connect_qmp(deadline)
+        # QEMU bound the SSH forward's port itself (port 0); other processes find it here.
+        usernet = self._qmp.cmd("human-monitor-command", **{"command-line": "info usernet"})
+        self.ssh_port = forwarded_ssh_port(str(usernet))
+        self._write_instance_file()
         try:
             wait_for_banner(self.ssh_port, deadline, self._check_alive)
         except TimeoutError:
-            raise GuestError(
-                f"guest {self.name} did not come up within {self.config.guest.boot_timeout_s:.0f} s "
-                f"(guest.boot_timeout_s in {self.config.source}); {self.serial_tail()}"
-            ) from None
-        assert self._files is not None
-        self._qmp = QEMUMonitorProtocol(str(self._files.qmp_socket))
-        self._qmp.connect()
+            raise self._not_ready() from None
         self.ssh = GuestSSH(self.ssh_port, self._keys)
         try:
             self.ssh.connect()
@@ -364,10 +391,11 @@ class Platform(Lifecycle):
                 f"cannot log in to guest {self.name} over SSH ({error}); {self.serial_tail()}"
             ) from None
 
-    def _setup_cxl(self) -> list[CxlDevice]:
+    def _setup_cxl(self, deadline: float) -> list[CxlDevice]:
         assert self.ssh is not None and self._files is not None
         status, out, err = self.ssh.run(
-            ["python3", "-", str(len(self.config.cxl_devices))], stdin=CXL_SETUP_SCRIPT.read_bytes()
+            ["python3", "-", str(len(self.config.cxl_devices))], stdin=CXL_SETUP_SCRIPT.read_bytes(),
+            timeout_s=_remaining_s(deadline),
         )
         if status != 0:
             raise GuestError(

@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from cxlssd.errors import PrerequisiteError
+from cxlssd.errors import GuestError, PrerequisiteError
 from cxlssd.platform.config import MiB, PlatformConfig
 
 QEMU_MIN_VERSION = (10, 0)
@@ -100,10 +100,11 @@ def _qemu_size(size_bytes: int) -> str:
     return f"{size_bytes // MiB}M"
 
 
-def qemu_argv(
-    qemu: QemuBinary, config: PlatformConfig, files: LaunchFiles, ssh_port: int
-) -> list[str]:
-    """The QEMU command line for ``config``, as an argv list."""
+def qemu_argv(qemu: QemuBinary, config: PlatformConfig, files: LaunchFiles) -> list[str]:
+    """The QEMU command line for ``config``, as an argv list. The guest's user network
+    is ``restrict=on`` (no traffic leaves the guest; the SSH forward still reaches it)
+    and QEMU binds the forward's host port itself (port 0: no other process can take it
+    between choosing and binding); :func:`forwarded_ssh_port` reads which it took."""
     dram = _qemu_size(config.guest.dram_bytes)
     maxmem = _qemu_size(config.guest.dram_bytes + MAXMEM_EXTRA_BYTES)
     argv = [
@@ -114,7 +115,7 @@ def qemu_argv(
         "-numa", f"node,nodeid=0,cpus=0-{config.guest.vcpus - 1},memdev=ram0",
         "-kernel", str(files.kernel), "-initrd", str(files.rootfs),
         "-append", " ".join(KERNEL_ARGS),
-        "-netdev", f"user,id=net0,hostfwd=tcp:127.0.0.1:{ssh_port}-:22",
+        "-netdev", "user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:0-:22",
         "-device", "virtio-net-pci,netdev=net0,bus=pcie.0",
         "-fw_cfg", f"name=opt/cxlssd/ssh_host_ed25519_key,file={files.host_key}",
         "-fw_cfg", f"name=opt/cxlssd/authorized_keys,file={files.authorized_keys}",
@@ -157,6 +158,17 @@ def qemu_argv(
         windows.append(f"cxl-fmw.{index}.targets.0=cxl.{index},cxl-fmw.{index}.size={size}")
     # QEMU takes all fixed memory windows in one -M option ("used inconsistently" otherwise).
     return [*argv, "-M", ",".join(windows)]
+
+
+_SSH_FORWARD = re.compile(r"TCP\[HOST_FORWARD\]\s+\d+\s+127\.0\.0\.1\s+(\d+)\s+\S+\s+22\s")
+
+
+def forwarded_ssh_port(usernet: str) -> int:
+    """The host port QEMU bound for the guest's SSH, from HMP ``info usernet``."""
+    match = _SSH_FORWARD.search(usernet)
+    if match is None:
+        raise GuestError(f"QEMU reports no SSH forward for the guest (info usernet: {usernet.strip()[:300]})")
+    return int(match.group(1))
 
 
 # fw_cfg file telling the guest its bridge NIC (``guest/net_setup.py``): "mac=M address=A/P".

@@ -18,12 +18,14 @@ from typing import BinaryIO
 
 import paramiko
 
-from cxlssd.errors import GuestError
+from cxlssd.errors import GuestError, GuestTimeout
 
 log = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 0.1
 EOF_GRACE_S = 2.0  # how long output may trail the exit status
+KEEPALIVE_S = 15  # an idle connection still sends a packet this often (NAT and firewalls keep it)
+CHANNEL_OPEN_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,11 @@ class GuestSSH:
             timeout=30,
             banner_timeout=60,
             auth_timeout=60,
+            channel_timeout=CHANNEL_OPEN_TIMEOUT_S,
         )
+        transport = self._client.get_transport()
+        assert transport is not None  # connect() returned: connected
+        transport.set_keepalive(KEEPALIVE_S)
 
     def close(self) -> None:
         self._client.close()
@@ -106,18 +112,18 @@ class GuestSSH:
         stderr: BinaryIO | None = None,
         check: bool = False,
         watch: Callable[[], None] | None = None,
+        timeout_s: float | None = None,
     ) -> tuple[int, bytes, bytes]:
         """Run ``argv`` in the guest. Output is streamed to ``stdout``/``stderr`` when
         given, else captured and returned. Returns (exit status, stdout, stderr).
 
         ``watch`` is called about every 0.1 s while the command runs; if it raises
         (the firmware died, say), the command's channel is closed and the error
-        propagates."""
+        propagates. After ``timeout_s`` (wall-clock) the channel is closed and a
+        :class:`GuestTimeout` raised."""
         command = shlex.join(argv)
-        transport = self._client.get_transport()
-        if transport is None or not transport.is_active():
-            raise GuestError("the SSH connection to the guest is closed")
-        channel = transport.open_session()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        channel = self._open_session()
         channel.exec_command(command)
         if stdin is not None:
             channel.sendall(stdin)
@@ -126,6 +132,9 @@ class GuestSSH:
         exited_at: float | None = None
         next_watch = time.monotonic() + WATCH_INTERVAL_S
         while True:
+            if deadline is not None and time.monotonic() > deadline:
+                channel.close()
+                raise GuestTimeout(f"the guest command did not finish within {timeout_s:.0f} s: {command}")
             if watch is not None and time.monotonic() >= next_watch:
                 next_watch = time.monotonic() + WATCH_INTERVAL_S
                 try:
@@ -158,21 +167,28 @@ class GuestSSH:
             )
         return status, bytes(out), bytes(err)
 
+    def _open_session(self) -> paramiko.Channel:
+        transport = self._client.get_transport()
+        if transport is None or not transport.is_active():
+            raise GuestError("the SSH connection to the guest is closed")
+        try:
+            return transport.open_session(timeout=CHANNEL_OPEN_TIMEOUT_S)
+        except paramiko.SSHException as error:
+            raise GuestError(f"cannot open an SSH channel to the guest: {error}") from None
+
     def open_process(self, argv: Sequence[str]) -> paramiko.Channel:
         """Start ``argv`` and return its channel, for interactive use (tests, agents)."""
-        transport = self._client.get_transport()
-        if transport is None:
-            raise GuestError("the SSH connection to the guest is closed")
-        channel = transport.open_session()
+        channel = self._open_session()
         channel.exec_command(shlex.join(argv))
         return channel
 
-    def put_tree(self, local: Path, remote: str) -> None:
+    def put_tree(self, local: Path, remote: str, timeout_s: float | None = None) -> None:
         """Copy the directory ``local`` into the guest as ``remote`` (an absolute path) over
         SFTP, merging with what is there: directories are created, files keep their
         permission bits. Each file is written under a temporary name and renamed over
         the old one, so a reader never sees a partial file and a running binary is
-        never overwritten in place."""
+        never overwritten in place. ``timeout_s`` bounds the whole copy (a
+        :class:`GuestTimeout`)."""
         transport = self._client.get_transport()
         if transport is None or not transport.is_active():
             raise GuestError("the SSH connection to the guest is closed")
@@ -180,8 +196,12 @@ class GuestSSH:
             sftp = self._client.open_sftp()
         except paramiko.SSHException as error:
             raise GuestError(f"cannot open an SFTP session to the guest: {error}") from None
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
-            _put_tree(sftp, local, remote)
+            _put_tree(sftp, local, remote, deadline)
+        except TimeoutError:
+            raise GuestTimeout(f"copying {local} to the guest's {remote} did not finish within "
+                               f"{timeout_s:.0f} s") from None
         except OSError as error:
             raise GuestError(f"copying {local} to the guest's {remote} failed: {error}") from None
         finally:
@@ -228,13 +248,21 @@ def _drain(
     return True
 
 
-def _put_tree(sftp: paramiko.SFTPClient, local: Path, remote: str) -> None:
+def _put_tree(sftp: paramiko.SFTPClient, local: Path, remote: str, deadline: float | None) -> None:
+    """Copy ``local`` to ``remote``; past ``deadline`` (monotonic) a TimeoutError, also
+    from inside a stalled SFTP operation (the channel's timeout is what remains)."""
     _make_remote_dirs(sftp, remote, stat.S_IMODE(local.stat().st_mode))
     for entry in sorted(local.iterdir()):
+        if deadline is not None:
+            remaining_s = deadline - time.monotonic()
+            channel = sftp.get_channel()
+            if remaining_s <= 0 or channel is None:
+                raise TimeoutError
+            channel.settimeout(remaining_s)
         target = posixpath.join(remote, entry.name)
         mode = stat.S_IMODE(entry.stat().st_mode)
         if entry.is_dir():
-            _put_tree(sftp, entry, target)
+            _put_tree(sftp, entry, target, deadline)
         elif entry.is_file():
             partial = posixpath.join(remote, f".{entry.name}.{os.getpid()}.tmp")
             try:

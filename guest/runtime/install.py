@@ -42,9 +42,10 @@ def with_guest_env(argv: Sequence[str]) -> list[str]:
     return ["env", *(f"{name}={value}" for name, value in guest_env().items()), *argv]
 
 
-def install_runtime(guest: GuestSSH, runtime: Path) -> None:
+def install_runtime(guest: GuestSSH, runtime: Path, timeout_s: float | None = None) -> None:
     """Copy the runtime tree built by ``ensure_runtime()`` to ``/opt/cxlssd`` in the guest
-    (bin/, lib/, python/, include/, modes kept); installing again replaces the files."""
+    (bin/, lib/, python/, include/, modes kept); installing again replaces the files.
+    ``timeout_s`` bounds the copy (a :class:`GuestTimeout`)."""
     expected = [step.output for step in STEPS] + list(COPIES)
     missing = [name for name in expected if not (runtime / name).is_file()]
     if missing:
@@ -53,4 +54,4 @@ def install_runtime(guest: GuestSSH, runtime: Path) -> None:
             "build it with cxlssd.guest.runtime.build.ensure_runtime()"
         )
     log.info("installing the guest runtime %s into the guest's %s", runtime, GUEST_RUNTIME_DIR)
-    guest.put_tree(runtime, GUEST_RUNTIME_DIR)
+    guest.put_tree(runtime, GUEST_RUNTIME_DIR, timeout_s)

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from cxlssd.errors import CxlssdError
+from cxlssd.yamlfile import shorten
 
 log = logging.getLogger("cxlssd")
 
@@ -51,8 +52,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if unknown:
         args.pytest_args = [*unknown, *args.pytest_args]
-    # A polite kill (SIGTERM) must clean up like Ctrl-C: stop QEMU, remove runtime files.
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    # A polite kill (SIGTERM) or a closed terminal (SIGHUP) must clean up like Ctrl-C:
+    # stop QEMU, remove the runtime files (guest-sized backing files in /dev/shm).
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _raise_keyboard_interrupt)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(message)s" if not args.verbose else "%(asctime)s %(name)s: %(message)s",
@@ -68,4 +71,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         log.error("interrupted")
         return 130
+    except (MemoryError, RecursionError, OSError) as error:
+        # What an input can still cause past the checks (a file too large for memory, a
+        # disk that fills up): one line, the traceback only with -v.
+        log.debug("traceback:", exc_info=True)
+        log.error("error: %s", _describe(error))
+        return CxlssdError.exit_code
     return status
+
+
+def _describe(error: BaseException) -> str:
+    """One line for an unexpected resource error."""
+    if isinstance(error, MemoryError):
+        return "out of memory (the input asks for more than this host has); rerun with -v for details"
+    if isinstance(error, RecursionError):
+        return "an input is nested too deeply to process; rerun with -v for details"
+    assert isinstance(error, OSError)
+    where = f": {shorten(str(error.filename), 200)}" if error.filename else ""
+    return f"{error.strerror or error}{where}"

@@ -28,5 +28,9 @@ class GuestError(CxlssdError):
     """The guest did not come up, or a command in it failed to run."""
 
 
+class GuestTimeout(GuestError):
+    """A guest command or boot step did not finish within its deadline (a hung guest)."""
+
+
 class FirmwareError(CxlssdError):
     """The firmware process failed, died, or the plugin gave up on it."""

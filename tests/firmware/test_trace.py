@@ -27,6 +27,20 @@ def test_round_trip_in_chunks(tmp_path) -> None:
     assert np.array_equal(reader.read_all(), records)
 
 
+def test_a_trace_exists_under_its_name_only_when_complete(tmp_path) -> None:
+    """Written as NAME.partial and renamed on a clean close; a block ending in an error
+    (Ctrl-C during ``trace synth``) leaves nothing, not a shorter trace that reads as whole."""
+    records = synthesize(SynthSpec(requests=3000, footprint_bytes=1 << 20))
+    path = tmp_path / "t"
+    with pytest.raises(KeyboardInterrupt), TraceWriter(path, {"what": "test"}, chunk_records=1000) as w:
+        w.write(records[:2000])
+        assert w.partial_path.exists() and not path.exists()
+        raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+    _write(path, records)
+    assert [p.name for p in tmp_path.iterdir()] == ["t"] and TraceReader(path).records == 3000
+
+
 def test_truncated_trace(tmp_path) -> None:
     records = synthesize(SynthSpec(requests=100, footprint_bytes=1 << 20))
     _write(tmp_path / "t", records)

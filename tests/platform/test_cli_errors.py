@@ -89,5 +89,5 @@ def test_boot_timeout_shows_serial_log(cli: Cli, tmp_path: Path) -> None:
     config = _config(tmp_path, "guest: {boot_timeout_s: 4}\n")
     result = cli("guest", "exec", "--config", config, "--", "true")
     assert result.returncode == 2
-    assert "did not come up within 4 s (guest.boot_timeout_s in" in _error_line(result)
+    assert "was not ready within 4 s (guest.boot_timeout_s in" in _error_line(result)
     assert "last lines of the serial log" in result.stderr

@@ -106,7 +106,7 @@ def _argv(config_name: str) -> list[str]:
         host_key=run / "hk", authorized_keys=run / "ak",
         cxl_backing=tuple(run / f"cxl{i}.raw" for i in range(len(config.cxl_devices))),
     )
-    return qemu_argv(QemuBinary("/usr/bin/qemu", (10, 0, 2)), config, files, 2222)
+    return qemu_argv(QemuBinary("/usr/bin/qemu", (10, 0, 2)), config, files)
 
 
 def test_dynamic_capacity_reaches_the_qemu_device() -> None:

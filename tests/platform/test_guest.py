@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from cxlssd.errors import GuestTimeout
 from cxlssd.platform.config import CONFIG_DIR, load_config
 from cxlssd.platform.machine import Platform
 
@@ -101,7 +102,9 @@ def test_guest_exec_streams_output_and_exit_status(
     assert "ready in" in result.stderr and "not a result" in result.stderr
 
 
-def test_ctrl_c_during_boot_leaves_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP])
+def test_ctrl_c_or_hangup_during_boot_leaves_nothing(tmp_path: Path, signum: signal.Signals) -> None:
+    """Ctrl-C, and SIGHUP (a closed terminal) alike, stop QEMU and remove the runtime dir."""
     runtime = Path(os.environ["CXLSSD_RUNTIME"])
     before = set(runtime.iterdir()) if runtime.exists() else set()
     process = subprocess.Popen(
@@ -115,7 +118,7 @@ def test_ctrl_c_during_boot_leaves_nothing(tmp_path: Path) -> None:
         assert process.poll() is None and time.monotonic() < deadline, "QEMU never started"
         time.sleep(0.2)
     time.sleep(2)  # QEMU is booting now
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
     assert "interrupted" in stderr.decode()
@@ -129,3 +132,18 @@ def test_shell_command_logs_in_with_the_pinned_host_key(default_platform: Platfo
     result = subprocess.run([*argv, "echo", "shell-ok"], capture_output=True, text=True, timeout=60,
                             stdin=subprocess.DEVNULL)
     assert result.returncode == 0 and result.stdout.strip() == "shell-ok", result.stderr
+
+
+def test_a_hung_guest_command_times_out_and_the_user_network_is_closed(default_platform: Platform) -> None:
+    """A command past its timeout ends in GuestTimeout (the connection stays usable);
+    restrict=on: the guest cannot even reach its own SSH forward on the host's loopback
+    through the user network's gateway (without it, that connection succeeds)."""
+    guest = default_platform.guest()
+    began = time.monotonic()
+    with pytest.raises(GuestTimeout, match="did not finish within 2 s"):
+        guest.run(["sleep", "60"], timeout_s=2)
+    assert time.monotonic() - began < 10
+    probe = (f"import socket\ntry:\n    socket.create_connection(('10.0.2.2', {default_platform.ssh_port}), "
+             "timeout=5)\n    print('reached')\nexcept OSError:\n    print('blocked')\n")
+    status, out, _ = guest.run(["python3", "-c", probe], timeout_s=60)
+    assert (status, out.decode().strip()) == (0, "blocked")

@@ -27,6 +27,7 @@ import pytest
 from cxlssd.cli import main
 from cxlssd.errors import ConfigError
 from cxlssd.experiments.observe import enable_cxl_tracing, trace_fields, trace_lines, wait_for_trace
+from cxlssd.lifecycle import ProcessId
 from cxlssd.paths import runtime_root
 from cxlssd.platform.config import CONFIG_DIR, load_config
 from cxlssd.platform.inject import (
@@ -218,7 +219,7 @@ def fake_instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[s
     rundir = runtime_root() / name
     rundir.mkdir(mode=0o700)
     for pid_file in ("owner.pid", "qemu.pid"):
-        (rundir / pid_file).write_text(str(os.getpid()))
+        (rundir / pid_file).write_text(ProcessId.of_self().text())
     (rundir / "instance.json").write_text(json.dumps({
         "name": name, "inject_socket": str(rundir / "inject.sock"),
         "devices": [{"index": 0, "size_bytes": GiB}],
@@ -305,8 +306,8 @@ def _paused(name: str, dynamic_capacity: str = "") -> Iterator[str]:
     ]
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        (rundir / "owner.pid").write_text(str(os.getpid()))
-        (rundir / "qemu.pid").write_text(str(process.pid))
+        ProcessId.of_self().write(rundir / "owner.pid")
+        ProcessId.of_child(process).write(rundir / "qemu.pid")
         (rundir / "instance.json").write_text(json.dumps({
             "name": name, "inject_socket": str(rundir / "inject.sock"),
             "devices": [{"index": 0, "size_bytes": 256 << 20}],

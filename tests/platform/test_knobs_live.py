@@ -8,7 +8,6 @@ CLI builds each knob, checks it against the attached design and sends nothing ba
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -23,6 +22,7 @@ from cxlssd.cli import main
 from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.flash import REBUILD_NS_PER_PAGE
 from cxlssd.firmware.knobs import DieFault, FlushThrottle, GcStorm, LatencySpike
+from cxlssd.lifecycle import ProcessId
 from cxlssd.paths import runtime_root
 from cxlssd.platform.inject import inject
 from cxlssd.platform.live import LiveSession
@@ -240,7 +240,7 @@ def attached_instance(request: pytest.FixtureRequest) -> Iterator[tuple[str, Pat
     rundir = runtime_root() / name
     rundir.mkdir(mode=0o700, parents=True)
     for pid_file in ("owner.pid", "qemu.pid"):
-        (rundir / pid_file).write_text(str(os.getpid()))
+        ProcessId.of_self().write(rundir / pid_file)
     (rundir / "instance.json").write_text(json.dumps({
         "name": name, "inject_socket": str(rundir / "inject.sock"),
         "devices": [{"index": 0, "size_bytes": 1 << 30}],
@@ -248,9 +248,10 @@ def attached_instance(request: pytest.FixtureRequest) -> Iterator[tuple[str, Pat
     control = rundir / "firmware.control"
     control.touch()
     firmware = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    (rundir / "firmware.json").write_text(json.dumps(
-        {"pid": firmware.pid, "design": design, "overrides": ["flash.dies_per_channel=2"]}
-    ))
+    (rundir / "firmware.json").write_text(json.dumps({
+        "pid": firmware.pid, "start_ticks": ProcessId.of_child(firmware).start_ticks, "design": design,
+        "overrides": ["flash.dies_per_channel=2"],
+    }))
     try:
         yield name, control
     finally:
@@ -315,3 +316,19 @@ def test_cli_sends_a_flush_throttle_and_its_off(attached_instance: tuple[str, Pa
         {"kind": "flush-throttle", "program_interval_ns": 5000},
         {"kind": "flush-throttle", "program_interval_ns": 0},
     ]
+
+
+def test_firmware_kill_spares_a_process_that_took_the_recorded_pid(
+    attached_instance: tuple[str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A firmware.json whose start time no longer matches names a process that is gone
+    (its pid reused): nothing is signalled. The matching record kills it."""
+    name, _ = attached_instance
+    record = runtime_root() / name / "firmware.json"
+    attached = json.loads(record.read_text())
+    record.write_text(json.dumps({**attached, "start_ticks": attached["start_ticks"] - 1}))
+    assert run_cli("inject", "--instance", name, "firmware-kill") == 2
+    assert "is already gone" in caplog.text
+    assert ProcessId(attached["pid"], attached["start_ticks"]).alive()
+    record.write_text(json.dumps(attached))
+    assert run_cli("inject", "--instance", name, "firmware-kill") == 0

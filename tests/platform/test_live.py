@@ -26,6 +26,7 @@ from cxlssd.firmware.profile import Profile, load_profile
 from cxlssd.firmware.replay import replay_file
 from cxlssd.firmware.request import Op
 from cxlssd.guest.runtime.install import with_guest_env
+from cxlssd.lifecycle import ProcessId
 from cxlssd.platform.config import load_config
 from cxlssd.platform.inject import inject
 from cxlssd.platform.machine import Platform
@@ -252,7 +253,9 @@ def test_qemu_dying_under_a_run_stops_it_and_leaves_nothing() -> None:
         with pytest.raises(GuestError, match=r"QEMU killed by SIGKILL while running"), \
                 platform.attach("base-cssd") as session:
             firmware_pid = session.firmware.pid
-            qemu_pid = int((platform.plugin_files().ring.parent / "qemu.pid").read_text())
+            qemu = ProcessId.read(platform.plugin_files().ring.parent / "qemu.pid")
+            assert qemu is not None
+            qemu_pid = qemu.pid
             threading.Timer(3.0, os.kill, (qemu_pid, signal.SIGKILL)).start()
             session.run(["chase", "--bytes", "64M"])
         assert not Path(f"/proc/{firmware_pid}").exists()

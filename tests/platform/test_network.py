@@ -436,7 +436,7 @@ def test_a_guest_failing_to_boot_stops_the_others_and_removes_the_network() -> N
     raw["guests"] = [{"name": "a"}, {"name": "b", "guest": {"boot_timeout_s": 1}}]
     multi = MultiPlatform(multi_config_from_dict(raw, "p.yaml"))
     started = time.monotonic()
-    with pytest.raises(GuestError, match="did not come up within 1 s"):
+    with pytest.raises(GuestError, match="was not ready within 1 s"):
         multi.launch()
     assert time.monotonic() - started < 60  # guest a was stopped, not waited for
     assert multi.network is None and multi.platforms["a"].rundir is None

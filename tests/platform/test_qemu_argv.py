@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from cxlssd.errors import GuestError
 from cxlssd.platform.config import CONFIG_DIR, load_config
-from cxlssd.platform.qemu import LaunchFiles, QemuBinary, qemu_argv
+from cxlssd.platform.qemu import LaunchFiles, QemuBinary, forwarded_ssh_port, qemu_argv
 
 
 def _argv(config_name: str) -> list[str]:
@@ -20,7 +23,7 @@ def _argv(config_name: str) -> list[str]:
         authorized_keys=run / "ak",
         cxl_backing=tuple(run / f"cxl{i}.raw" for i in range(len(config.cxl_devices))),
     )
-    return qemu_argv(QemuBinary("/usr/bin/qemu", (10, 0, 2)), config, files, 2222)
+    return qemu_argv(QemuBinary("/usr/bin/qemu", (10, 0, 2)), config, files)
 
 
 def test_two_devices_get_own_bridges_and_windows() -> None:
@@ -40,8 +43,17 @@ def test_two_devices_get_own_bridges_and_windows() -> None:
 
 
 def test_ssh_forward_is_loopback_only_and_qmp_is_a_unix_socket() -> None:
+    """The user network lets nothing out of the guest (restrict=on) but the SSH forward,
+    whose host port QEMU binds itself (port 0), read back from ``info usernet``."""
     argv = _argv("default.yaml")
-    assert "user,id=net0,hostfwd=tcp:127.0.0.1:2222-:22" in argv
+    assert "user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:0-:22" in argv
+    usernet = (
+        "Hub -1 (net0):\n  Protocol[State]    FD  Source Address  Port   Dest. Address  Port RecvQ SendQ\n"
+        "  TCP[HOST_FORWARD]   8       127.0.0.1 45755       10.0.2.15    22     0     0\n"
+    )
+    assert forwarded_ssh_port(usernet) == 45755
+    with pytest.raises(GuestError, match="no SSH forward"):
+        forwarded_ssh_port("Hub -1 (net0):\n")
     assert "unix:/run/x/qmp.sock,server=on,wait=off" in argv
     assert "-m" in argv and argv[argv.index("-m") + 1] == "2048M,maxmem=10240M,slots=4"
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from cxlssd.errors import GuestTimeout
 from cxlssd.platform import ssh
 from cxlssd.platform.machine import Platform
 from cxlssd.platform.ssh import GuestSSH, InstanceKeys
@@ -64,11 +65,36 @@ def _guest_with(channel: LateOutputChannel, tmp_path: Path, monkeypatch: pytest.
         def is_active(self) -> bool:
             return True
 
-        def open_session(self) -> LateOutputChannel:
+        def open_session(self, timeout: float | None = None) -> LateOutputChannel:
             return channel
 
     monkeypatch.setattr(guest._client, "get_transport", Transport)
     return guest
+
+
+class HungChannel(LateOutputChannel):
+    """A command that never ends and never prints."""
+
+    def __init__(self) -> None:
+        super().__init__([], sends_eof=False)
+        self.closed = False
+
+    def exit_status_ready(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_command_past_its_timeout_is_closed_and_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    channel = HungChannel()
+    guest = _guest_with(channel, tmp_path, monkeypatch)
+    began = time.monotonic()
+    with pytest.raises(GuestTimeout, match=r"did not finish within 0 s: sleep infinity"):
+        guest.run(["sleep", "infinity"], timeout_s=0.3)
+    assert 0.3 <= time.monotonic() - began < 2 and channel.closed
 
 
 def test_output_sent_after_the_exit_status_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,159 @@
+"""Results that are right or visibly refused (no VM): rows carry the digests of their
+inputs and run again when one changed; a torn last row is set aside; one run at a
+time per results dir; a live point past its timeout is recorded as failed."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from cxlssd.errors import ConfigError, GuestTimeout
+from cxlssd.experiments.report import write_results
+from cxlssd.experiments.runner import (
+    POINTS_FILE,
+    TIMED_OUT_STATUS,
+    ExperimentRunner,
+    load_points,
+    locked_out_dir,
+    point_inputs,
+)
+from cxlssd.experiments.spec import experiment_from_dict
+from cxlssd.platform.machine import Platform
+
+SYNTH = {"pattern": "zipf", "requests": 2000, "footprint_bytes": "4MiB", "seed": 3}
+REPLAY = {
+    "name": "ri", "designs": ["base-cssd", "dram-only"],
+    "overrides": {"ssd_dram.size_bytes": "1MiB", "write_log.size_bytes": "128KiB"},
+    "traces": [{"name": "z", "synth": SYNTH}],
+}
+LIVE = {"name": "lv", "designs": ["base-cssd", "dram-only"],
+        "workloads": [{"name": "chase", "command": ["chase", "--bytes", "4M"]}]}
+
+
+def _reruns(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "runs again" in r.getMessage()]
+
+
+def test_a_changed_input_reruns_its_points_and_says_which(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = tmp_path / "out"
+    first = ExperimentRunner(experiment_from_dict(REPLAY, "ri.yaml"), out).run()
+    assert len(first) == 2 and all(r["inputs"]["code"] for r in first.values())
+    assert ExperimentRunner(experiment_from_dict(REPLAY, "ri.yaml"), out).pending() == []
+    # The profile after overrides changed (base-cssd's cache shrinks; dram-only has none to shrink).
+    smaller = {**REPLAY, "overrides": {**REPLAY["overrides"], "ssd_dram.size_bytes": "512KiB"}}
+    caplog.set_level(logging.INFO)
+    again = ExperimentRunner(experiment_from_dict(smaller, "ri.yaml"), out).pending()
+    assert [p.key for p in again] == ["z@base-cssd", "z@dram-only"]
+    assert "z@base-cssd runs again: its profile changed since it ran" in _reruns(caplog)
+    rows = ExperimentRunner(experiment_from_dict(smaller, "ri.yaml"), out).run()
+    assert rows["z@base-cssd"]["modelled_ns"] != first["z@base-cssd"]["modelled_ns"]
+    # The synthetic trace's spec changed: the trace is written anew and the points rerun.
+    caplog.clear()
+    other = {**smaller, "traces": [{"name": "z", "synth": {**SYNTH, "seed": 4}}]}
+    assert len(ExperimentRunner(experiment_from_dict(other, "ri.yaml"), out).pending()) == 2
+    assert any("its trace changed" in m for m in _reruns(caplog))
+
+
+def test_a_changed_command_or_platform_reruns_live_points(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    experiment = experiment_from_dict(LIVE, "lv.yaml")
+    tmp_path.joinpath(POINTS_FILE).write_text("".join(
+        json.dumps({"key": p.key, "inputs": point_inputs(experiment, p)}) + "\n" for p in experiment.points()
+    ))
+    assert ExperimentRunner(experiment, tmp_path).pending() == []
+    edited = {**LIVE, "workloads": [{"name": "chase", "command": ["chase", "--bytes", "8M"]}]}
+    assert len(ExperimentRunner(experiment_from_dict(edited, "lv.yaml"), tmp_path).pending()) == 2
+    assert "chase@base-cssd runs again: its command changed since it ran" in _reruns(caplog)
+    caplog.clear()
+    moved = experiment_from_dict({**LIVE, "platform": "two-devices"}, "lv.yaml")
+    assert len(ExperimentRunner(moved, tmp_path).pending()) == 2
+    assert "chase@dram-only runs again: its platform changed since it ran" in _reruns(caplog)
+    # A row from before the digests: it runs again too, never silently kept.
+    tmp_path.joinpath(POINTS_FILE).write_text(json.dumps({"key": "chase@base-cssd"}) + "\n")
+    assert [p.key for p in ExperimentRunner(experiment, tmp_path).pending()] == [
+        "chase@base-cssd", "chase@dram-only"]
+
+
+def test_a_torn_last_row_is_set_aside_and_its_point_runs_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = tmp_path / "out"
+    experiment = experiment_from_dict(REPLAY, "ri.yaml")
+    rows = ExperimentRunner(experiment, out).run()
+    points = out / POINTS_FILE
+    whole = points.read_text().splitlines(keepends=True)
+    torn = whole[1][: len(whole[1]) // 2]
+    points.write_text(whole[0] + torn)  # killed while writing the second row
+    assert set(load_points(out)) == {"z@base-cssd"}  # readable meanwhile: the torn row is skipped
+    assert "torn row" in caplog.text
+    again = ExperimentRunner(experiment, out).run()
+    assert again == rows | {"z@dram-only": again["z@dram-only"]}
+    assert again["z@dram-only"]["modelled_ns"] == rows["z@dram-only"]["modelled_ns"]
+    assert (out / f"{POINTS_FILE}.torn").read_text() == torn + "\n"
+    assert points.read_text().endswith("\n") and len(points.read_text().splitlines()) == 2
+
+
+def test_a_bad_row_before_the_last_is_an_error_that_keeps_the_others(tmp_path: Path) -> None:
+    (tmp_path / POINTS_FILE).write_text('{"key": "a"}\nnot json\n{"key": "b"}\n')
+    with pytest.raises(Exception, match=r"points.jsonl:2 is not a results row.*the other rows are kept"):
+        load_points(tmp_path)
+
+
+def test_two_runs_cannot_write_to_one_results_dir(tmp_path: Path) -> None:
+    experiment = experiment_from_dict(REPLAY, "ri.yaml")
+    with locked_out_dir(tmp_path), pytest.raises(ConfigError, match=r"another run \(pid \d+\) is writing to"):
+        ExperimentRunner(experiment, tmp_path).run()
+    assert not (tmp_path / POINTS_FILE).exists()
+    assert len(ExperimentRunner(experiment, tmp_path).run()) == 2  # free again afterwards
+
+
+class _HungSession:
+    """A live session whose guest command never ends (what GuestSSH.run then raises)."""
+
+    def __init__(self) -> None:
+        self.results: dict[str, Any] = {}
+
+    def __enter__(self) -> _HungSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def run(self, argv: list[str], timeout_s: float) -> tuple[int, bytes, bytes]:
+        raise GuestTimeout(f"the guest command did not finish within {timeout_s:.0f} s: {' '.join(argv)}")
+
+
+class _HungPlatform:
+    name = "hung-000000"
+
+    def attach(self, design: str, overrides: list[str]) -> _HungSession:
+        return _HungSession()
+
+
+def test_a_timed_out_point_is_recorded_failed_and_the_run_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    experiment = experiment_from_dict({**LIVE, "point_timeout_s": 5}, "lv.yaml")
+    rows = ExperimentRunner(experiment, tmp_path, cast(Platform, _HungPlatform())).run()
+    assert set(rows) == {"chase@base-cssd", "chase@dram-only"}
+    for row in rows.values():
+        assert row["timed_out"] and row["exit_status"] == TIMED_OUT_STATUS and not row["check_ok"]
+        assert "did not finish within 5 s" in row["stderr_tail"]
+    assert re.search(r"chase@base-cssd did not finish within point_timeout_s = 5 s", caplog.text)
+    written = write_results(experiment, rows, tmp_path)
+    assert sorted(written["failed"]) == ["chase@base-cssd", "chase@dram-only"]
+
+
+@pytest.mark.parametrize("value", [0, -1, ".nan", ".inf", "soon", True])
+def test_point_timeout_must_be_a_sane_number_of_seconds(value: object) -> None:
+    parsed = {".nan": float("nan"), ".inf": float("inf")}.get(str(value), value)
+    with pytest.raises(ConfigError, match=r"point_timeout_s must be 1\.\.604800 seconds"):
+        experiment_from_dict({**LIVE, "point_timeout_s": parsed}, "lv.yaml")
