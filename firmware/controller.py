@@ -1047,12 +1047,9 @@ class Controller:
     def _appends_allowed(self, appends: np.ndarray, k: int) -> int:
         """Cut ``k`` before the log append that would start a compaction or stall."""
         assert self.log is not None
-        wlog = self.log
         index = np.flatnonzero(appends)
-        allowed = min(wlog.flush_level - 1 - wlog.used, wlog.capacity - wlog.used - wlog.inflight)
-        if index.size <= allowed:
-            return k
-        return int(index[max(allowed, 0)])
+        allowed = self.log.quiet_appends()
+        return k if index.size <= allowed else int(index[allowed])
 
     def _hits_allowed(self, page: np.ndarray, counted: np.ndarray, k: int) -> int:
         """Cut ``k`` before the hit that brings a page's count to the threshold."""
@@ -1080,25 +1077,6 @@ class Controller:
             self.hit_epoch[pages] = self._epoch
         return k
 
-    def _commit_appends(self, pages: np.ndarray, lines: np.ndarray) -> None:
-        """Append lines ``lines`` of ``pages`` in order (known not to start a compaction
-        or stall), as :meth:`WriteLog.append` would one by one."""
-        assert self.log is not None
-        wlog = self.log
-        n = int(pages.size)
-        unique = np.unique(pages * 64 + lines.astype(np.int64))
-        upages, ulines = unique >> 6, (unique & _LINE_MASK).astype(np.uint64)
-        new_lines = int(np.count_nonzero((wlog.mask[upages] >> ulines) & np.uint64(1) == 0))
-        np.bitwise_or.at(wlog.mask, upages, np.left_shift(np.uint64(1), ulines))
-        touched, first, count = np.unique(pages, return_index=True, return_counts=True)
-        fresh = wlog.page_entries[touched] == 0
-        wlog.page_first[touched[fresh]] = wlog.appended + first[fresh]
-        wlog.page_entries[touched] += count
-        wlog.appended += n
-        wlog.used += n
-        wlog.counters.appends += n
-        wlog.counters.invalidations += n - new_lines
-
     def _commit_simple(
         self, r: np.ndarray, out: np.ndarray, lo: int, page: np.ndarray, source: np.ndarray,
         write: np.ndarray, line: np.ndarray | None,
@@ -1111,9 +1089,10 @@ class Controller:
         self._seq += k
         latency = self._lat_table[source]
         if line is not None:
+            assert self.log is not None
             log_write = write & (source == Source.LOG)
             latency[log_write] = self._lat_append
-            self._commit_appends(page[log_write], line[log_write])
+            self.log.append_batch(page[log_write], line[log_write])
         posted = (r["flags"] & FLAG_POSTED) != 0
         long_delay = self.context_switch.long_delay_batch(latency) & ~posted
         charged = np.where(long_delay, latency + self._lat_hit, np.where(posted, 0, latency))

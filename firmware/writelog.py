@@ -124,6 +124,27 @@ class WriteLog:
                 self.compact(time_ns)
         return time_ns
 
+    def quiet_appends(self) -> int:
+        """How many single-line appends fit before one starts a compaction or stalls."""
+        return max(0, min(self.flush_level - 1 - self.used, self.capacity - self.used - self.inflight))
+
+    def append_batch(self, pages: np.ndarray, lines: np.ndarray) -> None:
+        """Append line ``lines[i]`` of ``pages[i]``, in order, as :meth:`append` would one
+        by one; the caller knows they are at most :meth:`quiet_appends`."""
+        n = int(pages.size)
+        unique = np.unique(pages * LINES_PER_PAGE + lines.astype(np.int64))
+        upages, ulines = unique >> 6, (unique & (LINES_PER_PAGE - 1)).astype(np.uint64)
+        new_lines = int(np.count_nonzero((self.mask[upages] >> ulines) & np.uint64(1) == 0))
+        np.bitwise_or.at(self.mask, upages, np.left_shift(np.uint64(1), ulines))
+        touched, first, count = np.unique(pages, return_index=True, return_counts=True)
+        fresh = self.page_entries[touched] == 0
+        self.page_first[touched[fresh]] = self.appended + first[fresh]
+        self.page_entries[touched] += count
+        self.appended += n
+        self.used += n
+        self.counters.appends += n
+        self.counters.invalidations += n - new_lines
+
     def compact(self, time_ns: int, at_least: int = 0) -> None:
         """Merge the oldest pages' lines into flash, starting at ``time_ns``, until the
         log is down to its low-water mark (and at least ``at_least`` entries are freed)."""
