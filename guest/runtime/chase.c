@@ -3,7 +3,8 @@
  *
  * Lays one slot (a 64-byte-aligned line holding the next pointer) every
  * --stride bytes of an anonymous buffer, links all slots into a single random
- * cycle (Sattolo's algorithm, deterministic from --seed), chases it for --warm
+ * cycle (Sattolo's algorithm, deterministic from --seed; --sequential: in
+ * address order, so a pass streams through each page), chases it for --warm
  * full passes, then chases --steps steps inside ROI --roi (`s = s->next`: each
  * step is one dependent load, a few instructions). With --write each measured
  * step also increments a counter in the slot's line (a store to every visited
@@ -30,7 +31,7 @@
 
 struct slot {
     struct slot *next;
-    uint64_t visits; /* measured --write steps that stored to this slot */
+    uint64_t visits; /* measured --write/--stores steps that stored to this slot */
 };
 
 struct options {
@@ -42,18 +43,23 @@ struct options {
     unsigned roi;
     uint64_t seed;
     bool write;
+    bool sequential;
+    bool stores;
 };
 
 static const char USAGE[] =
     "usage: chase --bytes N[K|M|G] [--stride BYTES] [--warm PASSES] [--steps N]\n"
-    "             [--roi ID] [--seed S] [--write]\n"
+    "             [--roi ID] [--seed S] [--write | --stores] [--sequential]\n"
     "  --bytes   buffer size (K/M/G = KiB/MiB/GiB), at least one stride\n"
     "  --stride  bytes between chased slots, a multiple of 64 (default 64)\n"
     "  --warm    full warm-up passes before the ROI (default 1)\n"
     "  --steps   measured steps inside the ROI (default: one full pass)\n"
     "  --roi     ROI id 0..255 (default 1)\n"
     "  --seed    seed of the random cycle (default 1)\n"
-    "  --write   each measured step also stores to the visited line\n";
+    "  --write   each measured step also stores to the visited line\n"
+    "  --stores  the measured steps only store, slot after slot in address order\n"
+    "            (no load: a store miss is a write, with or without a fetch)\n"
+    "  --sequential  link the slots in address order instead of a random cycle\n";
 
 __attribute__((format(printf, 1, 2), noreturn)) static void usage_error(const char *fmt, ...)
 {
@@ -106,6 +112,7 @@ static struct options parse_options(int argc, char **argv)
         {"warm", required_argument, NULL, 'w'},  {"steps", required_argument, NULL, 'n'},
         {"roi", required_argument, NULL, 'r'},   {"seed", required_argument, NULL, 'S'},
         {"write", no_argument, NULL, 'W'},       {"help", no_argument, NULL, 'h'},
+        {"stores", no_argument, NULL, 'T'},      {"sequential", no_argument, NULL, 'Q'},
         {NULL, 0, NULL, 0},
     };
     struct options opt = {.stride_bytes = LINE_BYTES, .warm_passes = 1, .roi = 1, .seed = 1};
@@ -127,6 +134,8 @@ static struct options parse_options(int argc, char **argv)
             break;
         case 'S': opt.seed = count_arg("seed", optarg, false); break;
         case 'W': opt.write = true; break;
+        case 'T': opt.stores = true; break;
+        case 'Q': opt.sequential = true; break;
         case 'h': fputs(USAGE, stdout); exit(0);
         case ':': usage_error("%s needs a value", argv[optind - 1]);
         default: usage_error("unknown option %s", argv[optind - 1]);
@@ -140,6 +149,8 @@ static struct options parse_options(int argc, char **argv)
         usage_error("%s", "--stride must be a positive multiple of 64");
     if (opt.size_bytes < opt.stride_bytes)
         usage_error("%s", "--bytes must be at least one --stride");
+    if (opt.write && opt.stores)
+        usage_error("%s", "--write and --stores exclude each other");
     return opt;
 }
 
@@ -163,10 +174,15 @@ static struct slot *slot_at(char *base, uint64_t stride_bytes, uint64_t index)
  * i = n-1 .. 1 swap next[i] with next[j], j uniform in [0, i). The result is a
  * single cycle through all n slots. (The modulo bias is below 2^-30.)
  */
-static void link_random_cycle(char *base, uint64_t stride_bytes, uint64_t slots, uint64_t seed)
+static void link_cycle(char *base, uint64_t stride_bytes, uint64_t slots, uint64_t seed, bool sequential)
 {
     for (uint64_t i = 0; i < slots; i++)
         *slot_at(base, stride_bytes, i) = (struct slot){.next = slot_at(base, stride_bytes, i)};
+    if (sequential) { /* each slot to the next, the last back to the first */
+        for (uint64_t i = 0; i < slots; i++)
+            slot_at(base, stride_bytes, i)->next = slot_at(base, stride_bytes, (i + 1) % slots);
+        return;
+    }
     uint64_t state = seed;
     for (uint64_t i = slots - 1; i > 0; i--) {
         struct slot *a = slot_at(base, stride_bytes, i);
@@ -208,6 +224,22 @@ __attribute__((noinline)) static struct slot *chase_write(struct slot *s, uint64
     return s;
 }
 
+/* --stores: one store per step, slot after slot; the same slots and visit counts
+ * as a chase of the sequential cycle from slot 0, with no load in the loop. */
+__attribute__((noinline)) static struct slot *store_stream(char *base, uint64_t stride_bytes, uint64_t slots,
+                                                          uint64_t steps, uint64_t *sum)
+{
+    uint64_t total = 0, index = 0;
+    for (uint64_t i = 0; i < steps; i++) {
+        struct slot *s = slot_at(base, stride_bytes, index);
+        total += (uintptr_t)s;
+        s->visits++;
+        index = index + 1 == slots ? 0 : index + 1;
+    }
+    *sum = total;
+    return slot_at(base, stride_bytes, index);
+}
+
 struct expected {
     bool cycle_ok;       /* one cycle through every slot */
     bool chase_ok;       /* the measured phase ended where, and stored what, the cycle says */
@@ -235,7 +267,7 @@ static struct expected check(char *base, const struct options *opt, uint64_t slo
         result.offset_sum += visits * offset;
         if (position == rest && s != end)
             result.chase_ok = false;
-        if (s->visits != (opt->write ? visits : 0))
+        if (s->visits != (opt->write || opt->stores ? visits : 0))
             result.chase_ok = false;
         s = s->next;
         position++;
@@ -257,7 +289,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "chase: mmap of %" PRIu64 " bytes failed: %s\n", size_bytes, strerror(errno));
         return 1;
     }
-    link_random_cycle(base, opt.stride_bytes, slots, opt.seed);
+    if (opt.stores)
+        opt.sequential = true; /* the stream's order, for the check */
+    link_cycle(base, opt.stride_bytes, slots, opt.seed, opt.sequential);
 
     struct slot *const start = slot_at(base, opt.stride_bytes, 0);
     uint64_t sum;
@@ -268,7 +302,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "chase: cannot mark ROI %u\n", opt.roi);
         return 1;
     }
-    struct slot *end = opt.write ? chase_write(start, opt.steps, &sum) : chase_read(start, opt.steps, &sum);
+    struct slot *end = opt.stores  ? store_stream(base, opt.stride_bytes, slots, opt.steps, &sum)
+                       : opt.write ? chase_write(start, opt.steps, &sum)
+                                   : chase_read(start, opt.steps, &sum);
     cxlssd_roi_end(opt.roi);
 
     /* The checksum is the sum of the visited slots' offsets: independent of where mmap put the buffer. */

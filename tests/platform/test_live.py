@@ -139,10 +139,43 @@ def test_write_backs_are_log_appends_at_the_log_latency(default_platform: Platfo
     print(f"write-backs in the ROI: {writes}")
     assert set(writes) == {"log"} and writes["log"]["requests"] >= 0.5 * report["steps"]
     assert abs(writes["log"]["mean_latency_ns"] / append_ns - 1) <= TOLERANCE
-    # Posted: the write-backs' latency is not on the vCPU's clock.
-    assert roi["device_stall_ns"] == pytest.approx(
-        sum(v["requests"] * v["mean_latency_ns"] for v in roi["latency_by_source"]["read"].values())
-    )
+    # Posted: the write-backs' latency is not on the vCPU's clock. (Each line is loaded
+    # before it is stored, so store misses, which wait for their append, are rare.)
+    reads_ns = sum(v["requests"] * v["mean_latency_ns"] for v in roi["latency_by_source"]["read"].values())
+    assert 0 <= roi["device_stall_ns"] - reads_ns <= 0.01 * writes["log"]["requests"] * append_ns
+
+
+def test_store_misses_go_to_the_log_without_a_fetch_in_w_designs(default_platform: Platform) -> None:
+    """SkyByte's W designs: an LLC store miss is a log append (86 ns, the CPU waits for
+    it) with no read of the line; base-cssd reads the line for ownership first."""
+    stores = ("--bytes", "16M", "--stride", "64", "--warm", "1", "--stores")
+    overrides = ("ssd_dram.size_bytes=64MiB", "write_log.size_bytes=8MiB")
+    report, results, profile = run_chase(default_platform, "skybyte-w", *stores, overrides=overrides)
+    roi = results["rois"][0]
+    model = roi["device"]["model"]
+    appends = Controller.from_profile(profile).latencies.log_append_ns
+    assert model["writes"] >= 0.95 * report["steps"] and model["reads"] <= 0.01 * report["steps"], model
+    assert_close(ns_per_access(report, results), appends, "store misses into the write log")
+    report, results, _ = run_chase(default_platform, "base-cssd", *stores, overrides=overrides)
+    model = results["rois"][0]["device"]["model"]
+    assert model["reads"] >= 0.95 * report["steps"], model  # reads for ownership
+
+
+def test_streaming_over_more_than_the_ssd_dram_pays_one_fill_and_63_hits_per_page(
+    default_platform: Platform,
+) -> None:
+    stream = ("--bytes", "64M", "--stride", "64", "--warm", "1", "--sequential")
+    report, results, profile = run_chase(default_platform, "base-cssd", *stream,
+                                         overrides=("ssd_dram.size_bytes=16MiB",))
+    latencies = Controller.from_profile(profile).latencies
+    by_source = served(results)
+    pages = report["steps"] // 64
+    assert abs(by_source["flash"] - pages) <= 0.01 * pages, by_source
+    assert abs(by_source["cache"] - 63 * pages) <= 0.01 * 63 * pages, by_source
+    fill = results["rois"][0]["latency_by_source"]["read"]["flash"]["mean_latency_ns"]
+    assert abs(fill / (latencies.hit_ns + 3000) - 1) <= TOLERANCE, fill
+    per_page_ns = fill + 63 * latencies.hit_ns
+    assert_close(ns_per_access(report, results), per_page_ns / 64, "a stream: fill + 63 hits")
 
 
 def test_firmware_knobs_change_the_modelled_latency_at_run_time(default_platform: Platform) -> None:
