@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import random
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,7 +26,7 @@ from cxlssd.experiments.runner import (
     locked_out_dir,
     point_inputs,
 )
-from cxlssd.experiments.spec import experiment_from_dict
+from cxlssd.experiments.spec import experiment_from_dict, load_experiment
 from cxlssd.platform.machine import Platform
 
 SYNTH = {"pattern": "zipf", "requests": 2000, "footprint_bytes": "4MiB", "seed": 3}
@@ -157,3 +161,44 @@ def test_point_timeout_must_be_a_sane_number_of_seconds(value: object) -> None:
     parsed = {".nan": float("nan"), ".inf": float("inf")}.get(str(value), value)
     with pytest.raises(ConfigError, match=r"point_timeout_s must be 1\.\.604800 seconds"):
         experiment_from_dict({**LIVE, "point_timeout_s": parsed}, "lv.yaml")
+
+
+@pytest.mark.slow
+def test_a_runner_killed_at_random_points_resumes_to_the_uninterrupted_results(tmp_path: Path) -> None:
+    """Fault campaign (replay points, no VM): SIGKILL ./cxlssd run at random moments
+    (during synthesis, a replay or a row's write), resume each time; every point ends
+    up in points.jsonl exactly once and equal to an uninterrupted run's row."""
+    definition = tmp_path / "fc.yaml"
+    definition.write_text(json.dumps({
+        **REPLAY, "designs": ["base-cssd", "skybyte-c", "dram-only"],
+        "traces": [{"name": "z", "synth": {**SYNTH, "requests": 100_000},
+                    "sweep": {"context_switch.threshold_ns": [2000, 20000]}}],
+    }))
+    experiment = load_experiment(definition)
+    reference = ExperimentRunner(experiment, tmp_path / "reference").run()
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    argv = [sys.executable, "-P", "-m", "cxlssd", "run", str(definition), "--out", str(out)]
+    chance = random.Random(16)
+    rows_at_kills = []
+    for attempt in range(12):
+        process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:  # later attempts run longer: the campaign makes progress on a loaded machine too
+            process.wait(timeout=chance.uniform(1.0, 2.5) + 0.5 * attempt)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            points = out / POINTS_FILE
+            rows_at_kills.append(len(points.read_bytes().split(b"\n")) - 1 if points.exists() else 0)
+            continue
+        break
+    else:
+        subprocess.run(argv, env=env, check=True, capture_output=True, timeout=300)
+    keys = [json.loads(line)["key"] for line in (out / POINTS_FILE).read_text().splitlines()]
+    assert sorted(keys) == sorted(reference), rows_at_kills
+    rows = load_points(out)
+    for key, expected in reference.items():
+        for field_name in ("modelled_ns", "device", "flash", "latency_percentiles_ns", "inputs", "check_ok"):
+            assert rows[key][field_name] == expected[field_name], (key, field_name)
+    assert not list(out.rglob("*.partial"))
+    assert any(0 < rows < len(reference) for rows in rows_at_kills), rows_at_kills  # killed mid-run
