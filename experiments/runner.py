@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import functools
 import hashlib
 import json
@@ -42,6 +41,7 @@ from cxlssd.firmware.profile import load_profile
 from cxlssd.firmware.replay import replay_file
 from cxlssd.firmware.synth import generate
 from cxlssd.firmware.trace import TraceReader, TraceWriter
+from cxlssd.lifecycle import LockHeld, exclusive_lock
 from cxlssd.paths import REPO_ROOT
 from cxlssd.platform.config import load_config
 from cxlssd.platform.inject import send_knob
@@ -288,25 +288,19 @@ def set_aside_torn_row(out_dir: Path) -> None:
 
 @contextmanager
 def locked_out_dir(out_dir: Path) -> Iterator[None]:
-    """Hold ``DIR/.lock`` (an exclusive flock): two runs never append to one results dir."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        lock = os.open(out_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as error:
-        raise InputError(f"cannot write to the results directory {out_dir}: {error.strerror}") from None
-    try:
+    """Hold ``DIR/.lock``: two runs never append to one results dir."""
+    with contextlib.ExitStack() as stack:
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(lock, 32, 0).decode(errors="replace").strip() or "?"
+            out_dir.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(exclusive_lock(out_dir / LOCK_FILE, wait=False))
+        except LockHeld as held:
             raise ConfigError(
-                f"another run (pid {holder}) is writing to {out_dir}; wait for it or choose another --out"
+                f"another run (pid {held.holder}) is writing to {out_dir}; "
+                "wait for it or choose another --out"
             ) from None
-        os.ftruncate(lock, 0)
-        os.pwrite(lock, str(os.getpid()).encode(), 0)
+        except OSError as error:
+            raise InputError(f"cannot write to the results directory {out_dir}: {error.strerror}") from None
         yield
-    finally:
-        os.close(lock)
 
 
 def _append_synced(points_file: TextIO, row: dict[str, Any]) -> None:

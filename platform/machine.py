@@ -58,6 +58,9 @@ SERIAL_TAIL_LINES = 25
 KEEP_LOG_DIRS = 20
 PRUNE_AFTER_S = 3600  # only log dirs written to longer ago than this are pruned
 PR_SET_PDEATHSIG = 1
+# q35 puts guest RAM above 2 GiB at 4 GiB and up: DRAM + 4 GiB bounds its addresses
+# (the plugin's promoted-page table is sized by it: guest-supplied reports above are ignored).
+RAM_TOP_SLACK_BYTES = 4 << 30
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ class PluginFiles:
         options = [
             str(ensure_plugin()), f"shm={self.counters}", f"ring={self.ring}", f"pv={self.pv}",
             f"out={self.report}", "mode=dormant", f"llc={cpu.llc_bytes}", f"llc_ways={cpu.llc_ways}",
-            f"insn_ps={cpu.insn_ps}",
+            f"insn_ps={cpu.insn_ps}", f"ram_top={config.guest.dram_bytes + RAM_TOP_SLACK_BYTES}",
         ]
         return [
             "-plugin", ",".join(options),

@@ -47,6 +47,9 @@
  *                       plugin gives up on the consumer (default 5000)
  *   insn_ps=N           picoseconds per guest instruction (default 333: 3 GHz at CPI 1)
  *   dram_ps=N           picoseconds of an LLC miss to DRAM (default 46000)
+ *   ram_top=BYTES       end of the guest's RAM in physical addresses (default 1 TiB):
+ *                       promotion reports for pages above it are ignored, so the
+ *                       promoted-page table (4 bytes per RAM page) stays bounded
  *   mode=active|dormant start mode (default active)
  *   pv=PATH             the paravirtual clock page: an existing file of at least
  *                       4096 bytes (also the guest's ivshmem memdev); the plugin
@@ -205,6 +208,7 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_version = CXLSSD_QEMU_PLUGIN_API_VERSION;
 #define DEFAULT_INSN_PS 333ULL
 #define DEFAULT_DRAM_PS 46000ULL
 #define MAX_CLOCK_PS 1000000000ULL /* 1 ms per instruction or miss: surely a mistake */
+#define MAX_RAM_TOP (1ULL << 40) /* 1 TiB of guest RAM: a 1 GiB promoted-page table at most */
 
 struct header {
     uint64_t magic;
@@ -321,6 +325,7 @@ static struct {
     /* Promoted pages: RAM page number -> device page + 1 (0: not promoted), grown on demand. */
     uint32_t *promoted;
     uint64_t promoted_cap, n_promoted;
+    uint64_t promoted_max_pfn; /* ram_top >> 12: no table entry at or above it */
 
     /* Windows taken over from the table; only grows, under `lock`. The hot
      * path reads `n_known` (acquire) and then windows[0 .. n_known). */
@@ -831,8 +836,8 @@ static void answer_query(unsigned int vcpu)
 static void set_promoted(uint64_t ram_pa, uint64_t page, int promoted)
 {
     uint64_t pfn = ram_pa >> 12;
-    if (page >= UINT32_MAX || pfn >= (1ULL << 40 >> 12)) {
-        return; /* not a page of any plausible guest: ignored */
+    if (page >= UINT32_MAX || pfn >= P.promoted_max_pfn) {
+        return; /* not a page of the guest's RAM (a guest-supplied report): ignored */
     }
     if (pfn >= P.promoted_cap) {
         if (!promoted) {
@@ -1381,7 +1386,9 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
     unsigned int n_windows = 0;
     uint64_t llc_bytes = DEFAULT_LLC_BYTES, llc_ways = DEFAULT_LLC_WAYS, ring_records = DEFAULT_RING_RECORDS;
     uint64_t timeout_ms = DEFAULT_RING_TIMEOUT_MS, insn_ps = DEFAULT_INSN_PS, dram_ps = DEFAULT_DRAM_PS;
+    uint64_t ram_top = MAX_RAM_TOP;
     int seen_llc = 0, seen_ways = 0, seen_records = 0, seen_timeout = 0, seen_ps = 0, seen_dram = 0;
+    int seen_ram_top = 0;
     const char *mode = NULL;
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
@@ -1444,6 +1451,7 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
                 {"ring_timeout_ms", &timeout_ms, &seen_timeout},
                 {"insn_ps", &insn_ps, &seen_ps},
                 {"dram_ps", &dram_ps, &seen_dram},
+                {"ram_top", &ram_top, &seen_ram_top},
             };
             size_t k = 0;
             while (k < sizeof numbers / sizeof *numbers && !key_is(arg, key_len, numbers[k].key)) {
@@ -1451,7 +1459,7 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
             }
             if (k == sizeof numbers / sizeof *numbers) {
                 return bad_arg(arg, "unknown key (expected out, shm, window, llc, llc_ways, ring, "
-                                    "ring_records, ring_timeout_ms, insn_ps, dram_ps, mode or pv)");
+                                    "ring_records, ring_timeout_ms, insn_ps, dram_ps, ram_top, mode or pv)");
             }
             if (*numbers[k].seen || parse_u64(value, value_end, numbers[k].value) != 0) {
                 return bad_arg(arg, "must be given once, with a number");
@@ -1480,6 +1488,10 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
     if (dram_ps > MAX_CLOCK_PS) {
         return bad_arg("dram_ps", "must be 0..1000000000");
     }
+    if (ram_top == 0 || ram_top > MAX_RAM_TOP) {
+        return bad_arg("ram_top", "must be 1..2^40 bytes");
+    }
+    P.promoted_max_pfn = ram_top >> 12;
     P.llc_bytes = llc_bytes;
     P.llc_ways = (uint32_t)llc_ways;
     P.timeout_ns = timeout_ms * 1000000ULL;

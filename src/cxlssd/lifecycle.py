@@ -10,10 +10,12 @@ hiding that error behind another).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import stat
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -122,6 +124,33 @@ class ProcessId:
             return False
         finally:
             os.close(pidfd)
+
+
+class LockHeld(Exception):
+    """Another process holds the lock (``holder``: the pid it wrote, or "?")."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(f"held by pid {holder}")
+        self.holder = holder
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path, wait: bool) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing, never through a
+    symlink) for the block, with this process's pid written in it. If another process
+    holds it: wait for it, or (``wait=False``) raise :class:`LockHeld`. The kernel
+    releases it when the holder dies, so a killed holder never leaves it stuck."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            raise LockHeld(os.pread(fd, 32, 0).decode(errors="replace").strip() or "?") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 def describe_exit(returncode: int) -> str:

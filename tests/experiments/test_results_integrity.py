@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import random
 import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,7 +28,7 @@ from cxlssd.experiments.runner import (
     locked_out_dir,
     point_inputs,
 )
-from cxlssd.experiments.spec import experiment_from_dict
+from cxlssd.experiments.spec import experiment_from_dict, load_experiment
 from cxlssd.platform.machine import Platform
 
 SYNTH = {"pattern": "zipf", "requests": 2000, "footprint_bytes": "4MiB", "seed": 3}
@@ -157,3 +163,55 @@ def test_point_timeout_must_be_a_sane_number_of_seconds(value: object) -> None:
     parsed = {".nan": float("nan"), ".inf": float("inf")}.get(str(value), value)
     with pytest.raises(ConfigError, match=r"point_timeout_s must be 1\.\.604800 seconds"):
         experiment_from_dict({**LIVE, "point_timeout_s": parsed}, "lv.yaml")
+
+
+def _kill_when(process: subprocess.Popen[bytes], ready: Callable[[], bool]) -> bool:
+    """SIGKILL ``process`` as soon as ``ready()`` holds; False if it exited first."""
+    while process.poll() is None:
+        if ready():
+            process.kill()
+            process.wait()
+            return True
+        time.sleep(0.005)
+    return False
+
+
+@pytest.mark.slow
+def test_a_runner_killed_at_random_points_resumes_to_the_uninterrupted_results(tmp_path: Path) -> None:
+    """Fault campaign (replay points, no VM): SIGKILL ./cxlssd run during the trace's
+    synthesis and then once a random number of rows is written (mid-replay of the
+    next), resuming each time; every point ends up in points.jsonl exactly once and
+    equal to an uninterrupted run's row, and no partial trace is left."""
+    definition = tmp_path / "fc.yaml"
+    definition.write_text(json.dumps({
+        **REPLAY, "designs": ["base-cssd", "skybyte-c", "dram-only"],
+        "traces": [{"name": "z", "synth": {**SYNTH, "requests": 100_000},
+                    "sweep": {"context_switch.threshold_ns": [2000, 20000]}}],
+    }))
+    experiment = load_experiment(definition)
+    reference = ExperimentRunner(experiment, tmp_path / "reference").run()
+    out = tmp_path / "out"
+    points = out / POINTS_FILE
+
+    def rows() -> int:
+        return points.read_bytes().count(b"\n") if points.exists() else 0
+
+    moments: list[Callable[[], bool]] = [(out / "traces" / "z.trace.partial").exists]
+    for count in sorted(random.Random(16).sample(range(1, len(reference)), 3)):
+        moments.append(lambda count=count: rows() >= count)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    argv = [sys.executable, "-P", "-m", "cxlssd", "run", str(definition), "--out", str(out)]
+    rows_at_kills = []
+    for ready in moments:
+        process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if _kill_when(process, ready):
+            rows_at_kills.append(rows())
+    subprocess.run(argv, env=env, check=True, capture_output=True, timeout=300)
+    keys = [json.loads(line)["key"] for line in points.read_text().splitlines()]
+    assert sorted(keys) == sorted(reference), rows_at_kills
+    resumed = load_points(out)
+    for key, expected in reference.items():
+        for field_name in ("modelled_ns", "device", "flash", "latency_percentiles_ns", "inputs", "check_ok"):
+            assert resumed[key][field_name] == expected[field_name], (key, field_name)
+    assert not list(out.rglob("*.partial"))
+    assert len(rows_at_kills) == 4 and rows_at_kills[0] == 0, rows_at_kills

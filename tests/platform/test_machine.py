@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from cxlssd.cli import main
 from cxlssd.errors import PrerequisiteError
-from cxlssd.lifecycle import ProcessId
+from cxlssd.lifecycle import LockHeld, ProcessId, exclusive_lock
 from cxlssd.paths import runtime_root
 from cxlssd.platform.machine import CxlDevice, reap_stale_instances
 
@@ -170,3 +171,26 @@ def test_backing_offset_is_the_dpa() -> None:
     assert device.backing_offset(0x390000000 + 0x1234) == 0x1234
     with pytest.raises(ValueError, match="outside region0"):
         device.backing_offset(0x390000000 + (1 << 30))
+
+
+def test_an_exclusive_lock_names_its_holder_and_dies_with_it(tmp_path: Path) -> None:
+    """The lock behind --out and image builds: a second holder is refused (or waits),
+    and a killed holder never leaves it stuck."""
+    lock = tmp_path / "lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-P", "-c", "import sys, time\n"
+         "from pathlib import Path\nfrom cxlssd.lifecycle import exclusive_lock\n"
+         f"with exclusive_lock(Path({str(lock)!r}), wait=False):\n    print('held', flush=True)\n"
+         "    time.sleep(60)\n"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(LockHeld) as held, exclusive_lock(lock, wait=False):
+            pass
+        assert held.value.holder == str(holder.pid)
+    finally:
+        holder.kill()
+        holder.wait()
+    with exclusive_lock(lock, wait=False):
+        assert lock.read_text() == str(os.getpid())
