@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from cxlssd.firmware.cache import REPLACEMENT_POLICIES, LruPolicy
+from cxlssd.firmware.migration import MIGRATION_POLICIES
 from cxlssd.firmware.request import FLAG_POSTED, Op, Source, make_requests
 from cxlssd.firmware.synth import SynthSpec, synthesize
 
@@ -59,6 +60,42 @@ class _MruPolicy(LruPolicy):
 
     def victim(self, first_slot: int, ways: int) -> int:
         return first_slot + int(np.argmax(self.stamp[first_slot : first_slot + ways]))
+
+
+class _HalfShareThreshold:
+    """A per-access migration policy the inline loop does not know: threshold 2 while
+    promoted pages serve under half the window's accesses, else 1."""
+
+    window_resets_counts = False
+    per_access = True
+
+    def __init__(self, config) -> None:
+        self.threshold = 2
+        self.window_accesses = config.window_accesses
+
+    def end_window(self, accesses: int, promoted_accesses: int) -> None:
+        self.threshold = 2
+
+    def counted_hit(self, promoted_share: float, promoted: bool) -> None:
+        self.threshold = 1 if promoted_share >= 0.5 else 2
+
+    def demotion_victim(self, pages, last_access) -> int:
+        return int(pages[np.argmin(last_access)])
+
+
+@pytest.mark.parametrize("policy", ["skybyte", "adaptive", "fixed", "test-half-share"])
+@pytest.mark.parametrize("design", ["skybyte-p", "skybyte-full"])
+def test_every_migration_policy_fast_equals_reference(small_controller, design, policy) -> None:
+    if "test-half-share" not in MIGRATION_POLICIES.names():
+        MIGRATION_POLICIES.register("test-half-share")(_HalfShareThreshold)
+    spec = SynthSpec(pattern="hotset", requests=30_000, footprint_bytes=8 << 20,
+                     hot_bytes=512 << 10, vcpus=2, seed=11)
+    fast, slow, got, want = _both(small_controller, design, synthesize(spec),
+                                  migration__policy=policy, migration__window_accesses=700,
+                                  migration__initial_threshold=3)
+    assert np.array_equal(got, want)
+    assert fast.counter_dict() == slow.counter_dict()
+    assert fast.counters.promotions_applied > 0
 
 
 @pytest.mark.parametrize("policy", ["fifo", "test-mru"])
