@@ -90,7 +90,7 @@ def test_the_footprint_picks_the_width(runtime: Path) -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (["--width", "100"], "--width 100: must be a multiple of 16"),
     (["--batch", "6"], "--batch 6: must be a multiple of 4"),
-    (["--policy", "eager"], "--policy: 'eager' is not one of none, lifetime"),
+    (["--policy", "eager"], "--policy: 'eager' is not one of none, static, lifetime"),
     (["--lookahead", "0"], "--lookahead 0: must be 1..33"),
     (["--footprint", "64K"], "--footprint 65536 is too small"),
     (["--width", "64", "--footprint", "1M"], "--footprint and --width are exclusive"),
