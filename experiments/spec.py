@@ -14,6 +14,7 @@ Example (``experiments/demo.yaml``)::
         command: [chase, --bytes, "{footprint}", --warm, "1"]
         sweep: {footprint: [16M, 32M]}   # one case per value (a product over keys)
         repeat: 3                  # this workload's repetitions (overrides the experiment's)
+        designs: [base-cssd, dram-only]  # only these of the experiment's designs (default: all)
       - name: kvstore-a
         command: [kvstore, --footprint, 16M, --mix, a]
         inject:                    # a scenario: firmware knobs at modelled times,
@@ -133,6 +134,7 @@ class Workload:
     qmp: tuple[QmpEvent, ...] = ()
     repeat: int | None = None  # None: the experiment's
     trace: TraceSource | None = None
+    designs: tuple[str, ...] = ()  # a subset of the experiment's designs; () = all of them
 
     def cases(self) -> list[tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]]:
         """(params, command, profile overrides) for each combination of the sweep values."""
@@ -170,6 +172,7 @@ class Experiment:
             for params, command, overrides in w.cases()
             for rep in range(1, self.repetitions(w) + 1)
             for design in self.designs
+            if not w.designs or design in w.designs
         ]
 
     def repetitions(self, workload: Workload) -> int:
@@ -227,7 +230,7 @@ def _sweep(raw: object, where: str) -> dict[str, tuple[str, ...]]:
 def _workload(raw: object, where: str) -> Workload:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping with name and command")
-    _check_keys(raw, {"name", "command", "sweep", "inject", "repeat"}, where)
+    _check_keys(raw, {"name", "command", "sweep", "inject", "repeat", "designs"}, where)
     name = _name(raw.get("name"), where)
     command = _strings(raw.get("command"), f"{where}.command")
     sweep = _sweep(raw.get("sweep") or {}, f"{where}.sweep")
@@ -241,7 +244,8 @@ def _workload(raw: object, where: str) -> Workload:
                           "(a profile key has a dot, e.g. cache.ways)")
     knobs, qmp = _scenario(raw.get("inject") or [], f"{where}.inject")
     repeat = _repeat(raw["repeat"], f"{where}") if "repeat" in raw else None
-    return Workload(name, command, sweep, knobs, qmp, repeat)
+    designs = _strings(raw["designs"], f"{where}.designs") if "designs" in raw else ()
+    return Workload(name, command, sweep, knobs, qmp, repeat, designs=designs)
 
 
 _SYNTH_SIZES = ("footprint_bytes", "hot_bytes")
@@ -388,6 +392,10 @@ def experiment_from_dict(raw: object, source: str, base: Path = EXPERIMENT_DIR) 
                for i, d in enumerate(load_config(platform).cxl_devices)]
     for i, workload in enumerate(live):
         check_events(workload.qmp, devices, f"{source}: workloads[{i}].inject")
+        unknown = [d for d in workload.designs if d not in designs]
+        if unknown:
+            raise ConfigError(f"{source}: workloads[{i}].designs: {short_repr(unknown[0])} is not one of "
+                              f"the designs {list(designs)}")
     experiment = Experiment(
         name=name,
         platform=platform,

@@ -62,6 +62,10 @@ class MarkerCmd(enum.IntEnum):
     PROMOTED = 7  # the guest's daemon moved device page ``addr`` to host DRAM
     DEMOTED = 8  # ... and back
     PROMOTE_FAILED = 9  # ... or could not move it
+    XFER_BEGIN = 10  # a page move the transfer engine accounts for (``addr`` = ticket << 1 | to device)
+    XFER_END = 11  # ... ends (``addr`` = ticket); docs/offload.md, :mod:`.hints`
+    XFER_WAIT = 12  # the vCPU needs transfer ``addr``'s data
+    HINT = 13  # a tensor's lifetime hint (``addr``: kind, op, pages, first device page)
 
 
 class Source(enum.IntEnum):

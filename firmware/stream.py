@@ -33,6 +33,7 @@ import numpy as np
 
 from cxlssd.firmware.context_switch import NeverSwitch
 from cxlssd.firmware.controller import Controller
+from cxlssd.firmware.hints import TransferEngine
 from cxlssd.firmware.live_switching import LiveContextSwitch
 from cxlssd.firmware.request import FLAG_HOST, FLAG_QUERY, PAGE_SHIFT, MarkerCmd, Op, Source
 
@@ -146,6 +147,7 @@ class StreamServer:
         self.switching = switching or LiveContextSwitch(controller, NeverSwitch())
         self.on_query = on_query
         self.on_decision = on_decision
+        self.transfers = TransferEngine(controller)
         self.clock_reads = 0
         self.requests = 0
         self.markers = 0
@@ -194,6 +196,8 @@ class StreamServer:
         if not requests.shape[0]:
             return None
         out = self.controller.process(requests)
+        if self.transfers.brackets_open:
+            self.transfers.served(requests, out)
         if self.on_decision is not None:
             decided = (out["promote_page"] >= 0) | (out["demote_page"] >= 0)
             for promote, demote in zip(out["promote_page"][decided].tolist(),
@@ -222,7 +226,7 @@ class StreamServer:
         cmd = int(record["flags"])
         self.switching.marker(vcpu, cmd, addr, int(record["time_ns"]))
         if cmd > MarkerCmd.CLOCK:
-            self._runtime_marker(cmd, addr)
+            self._runtime_marker(cmd, vcpu, addr, int(record["time_ns"]))
             return
         if cmd == MarkerCmd.CLOCK:  # a clock read: answer it, nothing to snapshot
             self.clock_reads += 1
@@ -255,20 +259,32 @@ class StreamServer:
         else:
             log.warning("unknown marker command %d (ROI %d): ignored", marker.cmd, marker.roi)
 
-    def _runtime_marker(self, cmd: int, page: int) -> None:
-        """The promotion daemon's reports (SWITCH/RESUME are the switching's)."""
+    def _runtime_marker(self, cmd: int, vcpu: int, arg: int, local_ns: int) -> None:
+        """The promotion reports and the transfer engine's markers (SWITCH/RESUME are
+        the switching's)."""
         if cmd == MarkerCmd.PROMOTED:
-            self.controller.host_promoted(page)
+            self.controller.host_promoted(arg)
+            self.transfers.page_moved(vcpu)
         elif cmd == MarkerCmd.DEMOTED:
-            self.controller.host_demoted(page)
+            self.controller.host_demoted(arg)
+            self.transfers.page_moved(vcpu)
         elif cmd == MarkerCmd.PROMOTE_FAILED:
-            self.controller.host_gave_up(page)
+            self.controller.host_gave_up(arg)
+        elif cmd == MarkerCmd.XFER_BEGIN:
+            self.transfers.begin(vcpu, arg, local_ns)
+        elif cmd == MarkerCmd.XFER_END:
+            self.transfers.end(vcpu, arg, local_ns)
+        elif cmd == MarkerCmd.XFER_WAIT:
+            self.transfers.wait(vcpu, arg, local_ns)
+        elif cmd == MarkerCmd.HINT:
+            self.transfers.hint(vcpu, arg, local_ns)
 
     def device_counters(self) -> dict[str, Any]:
         """The controller's counters with the guest OS's side (switches, the share of
         accesses promoted pages served)."""
         counters = self.controller.counter_dict()
         counters["os"] = self.switching.counter_dict()
+        counters["transfers"] = self.transfers.counter_dict()
         return counters
 
     def _result(

@@ -31,6 +31,12 @@
 #define CXLSSD_CMD_PROMOTED 7u       /* promotion reports of host_os/promoter: arg0 device */
 #define CXLSSD_CMD_DEMOTED 8u        /*   page, arg1 the page's physical address in RAM */
 #define CXLSSD_CMD_PROMOTE_FAILED 9u
+#define CXLSSD_CMD_XFER_BEGIN 10u    /* transfer engine (docs/offload.md): arg0 ticket << 1 | to device */
+#define CXLSSD_CMD_XFER_END 11u      /*   arg0 the ticket */
+#define CXLSSD_CMD_XFER_WAIT 12u     /*   arg0 the ticket */
+#define CXLSSD_CMD_HINT 13u          /* lifetime hint: arg0 kind << 56 | op << 48 | pages << 32 | page */
+#define CXLSSD_HINT_NEED 1u          /* the tensor is used at op `op`: bring it into SSD DRAM */
+#define CXLSSD_HINT_DEAD 2u          /* its value is dead after op `op`: drop it, no write-back */
 /* Features of the attached firmware's design (cxlssd_features()). */
 #define CXLSSD_FEATURE_CONTEXT_SWITCH 1u
 #define CXLSSD_FEATURE_PROMOTION 2u
@@ -115,6 +121,20 @@ unsigned cxlssd_features(void);
  */
 long cxlssd_promote(const void *addr, unsigned long bytes);
 long cxlssd_demote(const void *addr, unsigned long bytes);
+
+/*
+ * Asynchronous moves (docs/offload.md): the same moves, bracketed so that the firmware's
+ * transfer engine accounts for them as a device-side transfer under `ticket` (any number
+ * below 2^62, unique among the transfers not yet waited for), overlapping what the vCPU
+ * does next; cxlssd_transfer_wait(ticket) before the data is used charges what is left
+ * of it. Lifetime hints: the device pages of [addr, addr + bytes) that are on the CXL
+ * device are named to the firmware (CXLSSD_HINT_NEED / _DEAD, at op `op` 0..255). All
+ * return -1 with errno without a pv page; a hint returns the pages it named.
+ */
+long cxlssd_promote_async(const void *addr, unsigned long bytes, unsigned long long ticket);
+long cxlssd_demote_async(const void *addr, unsigned long bytes, unsigned long long ticket);
+int cxlssd_transfer_wait(unsigned long long ticket);
+long cxlssd_hint(unsigned kind, unsigned op, const void *addr, unsigned long bytes);
 
 /*
  * Wait (sleeping, at most timeout_ms of wall-clock time) until the promotion daemon has

@@ -188,6 +188,18 @@ int cxlssd_report(unsigned cmd, unsigned long long arg0, unsigned long long arg1
     case CXLSSD_CMD_PROMOTE_FAILED:
         CXLSSD_MARKER(CXLSSD_CMD_PROMOTE_FAILED, 0);
         return 0;
+    case CXLSSD_CMD_XFER_BEGIN:
+        CXLSSD_MARKER(CXLSSD_CMD_XFER_BEGIN, 0);
+        return 0;
+    case CXLSSD_CMD_XFER_END:
+        CXLSSD_MARKER(CXLSSD_CMD_XFER_END, 0);
+        return 0;
+    case CXLSSD_CMD_XFER_WAIT:
+        CXLSSD_MARKER(CXLSSD_CMD_XFER_WAIT, 0);
+        return 0;
+    case CXLSSD_CMD_HINT:
+        CXLSSD_MARKER(CXLSSD_CMD_HINT, 0);
+        return 0;
     default:
         errno = EINVAL;
         return -1;
@@ -334,6 +346,99 @@ long cxlssd_promote(const void *addr, unsigned long bytes)
 long cxlssd_demote(const void *addr, unsigned long bytes)
 {
     return move_range(addr, bytes, 0);
+}
+
+#define TICKET_LIMIT (1ull << 62)
+
+/* A move bracketed for the firmware's transfer engine (firmware/hints.py). */
+static long move_async(const void *addr, unsigned long bytes, unsigned long long ticket, int to_dram)
+{
+    if (ticket >= TICKET_LIMIT) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (cxlssd_report(CXLSSD_CMD_XFER_BEGIN, ticket << 1 | (unsigned long long)!to_dram, 0) != 0) {
+        return -1;
+    }
+    const long moved = move_range(addr, bytes, to_dram);
+    cxlssd_report(CXLSSD_CMD_XFER_END, ticket, 0); /* (also after a failed move: the bracket closes) */
+    return moved;
+}
+
+long cxlssd_promote_async(const void *addr, unsigned long bytes, unsigned long long ticket)
+{
+    return move_async(addr, bytes, ticket, 1);
+}
+
+long cxlssd_demote_async(const void *addr, unsigned long bytes, unsigned long long ticket)
+{
+    return move_async(addr, bytes, ticket, 0);
+}
+
+int cxlssd_transfer_wait(unsigned long long ticket)
+{
+    return cxlssd_report(CXLSSD_CMD_XFER_WAIT, ticket, 0);
+}
+
+#define HINT_MAX_PAGES 0xffffull
+
+/* One HINT marker for device pages [first, first + pages). */
+static int hint_run(unsigned kind, unsigned op, uint64_t first, uint64_t pages)
+{
+    return cxlssd_report(CXLSSD_CMD_HINT, (unsigned long long)kind << 56 | (unsigned long long)op << 48 |
+                                              pages << 32 | first, 0);
+}
+
+long cxlssd_hint(unsigned kind, unsigned op, const void *addr, unsigned long bytes)
+{
+    static unsigned long long base, size;
+    if (kind > 0xff || op > 0xff) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (size == 0 && cxlssd_cxl_range(&base, &size) != 0) {
+        return -1;
+    }
+    int pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    if (pagemap < 0) {
+        return -1;
+    }
+    long named = 0;
+    uint64_t run_first = 0, run_pages = 0;
+    const uintptr_t first = (uintptr_t)addr & ~4095ul, end = ((uintptr_t)addr + bytes + 4095) & ~4095ul;
+    for (uintptr_t at = first; at < end && named >= 0;) {
+        uint64_t entries[MOVE_BATCH];
+        const unsigned n = (unsigned)((end - at) >> 12 < MOVE_BATCH ? (end - at) >> 12 : MOVE_BATCH);
+        if (pread(pagemap, entries, n * 8, (off_t)(at >> 12) * 8) != (ssize_t)(n * 8)) {
+            named = -1;
+            break;
+        }
+        for (unsigned i = 0; i < n; i++) {
+            const uint64_t pa = (entries[i] & PFN_MASK) << 12;
+            if (!(entries[i] & PAGE_PRESENT) || pa < base || pa >= base + size) {
+                continue; /* not on the device */
+            }
+            const uint64_t page = (pa - base) >> 12;
+            if (run_pages > 0 && (page != run_first + run_pages || run_pages == HINT_MAX_PAGES)) {
+                if (hint_run(kind, op, run_first, run_pages) != 0) {
+                    named = -1;
+                    break;
+                }
+                run_pages = 0;
+            }
+            if (run_pages == 0) {
+                run_first = page;
+            }
+            run_pages++;
+            named++;
+        }
+        at += (uintptr_t)n << 12;
+    }
+    close(pagemap);
+    if (named > 0 && run_pages > 0 && hint_run(kind, op, run_first, run_pages) != 0) {
+        return -1;
+    }
+    return named;
 }
 
 int cxlssd_settle(unsigned timeout_ms)

@@ -59,27 +59,38 @@
 #define STREAM_INPUT 2ull
 #define STREAM_LABELS 3ull
 
-enum policy { POLICY_NONE, POLICY_LIFETIME };
-static const char *const POLICIES[] = {"none", "lifetime", NULL};
+enum policy { POLICY_NONE, POLICY_STATIC, POLICY_LIFETIME };
+static const char *const POLICIES[] = {"none", "static", "lifetime", NULL};
+enum transfer { TRANSFER_SYNC, TRANSFER_ASYNC };
+static const char *const TRANSFERS[] = {"sync", "async", NULL};
+static const char *const SWITCHES[] = {"off", "on", NULL};
 
 static const char USAGE[] =
     "usage: offload [--width W | --footprint BYTES] [--layers L] [--batch B] [--iterations N]\n"
-    "               [--profile-iterations K] [--policy none|lifetime] [--lookahead A]\n"
-    "               [--dram-budget BYTES] [--lr X] [--seed S] [--roi ID]\n"
+    "               [--profile-iterations K] [--policy none|static|lifetime] [--lookahead A]\n"
+    "               [--dram-budget BYTES] [--transfer sync|async] [--hints off|on] [--lr X]\n"
+    "               [--seed S] [--roi ID]\n"
     "  --width               neurons per layer, a multiple of 16 (default 768)\n"
     "  --footprint           pick the largest width whose tensors fit BYTES\n"
     "  --layers              dense layers (default 3)\n"
     "  --batch               samples per batch, a multiple of 4 (default 16)\n"
     "  --iterations          measured training iterations (default 2)\n"
     "  --profile-iterations  iterations before them that record tensor lifetimes (default 1)\n"
-    "  --policy              none: tensors stay; lifetime: prefetch/offload (default none)\n"
+    "  --policy              none: tensors stay; static: the densest tensors that fit the budget\n"
+    "                        are promoted once, before the ROI; lifetime: prefetch/offload\n"
+    "                        (default none)\n"
     "  --lookahead           lifetime: promote tensors used within this many ops (default 2)\n"
-    "  --dram-budget         lifetime: most bytes promoted at once (default 16M)\n"
+    "  --dram-budget         static, lifetime: most bytes promoted at once (default 16M)\n"
+    "  --transfer            lifetime: sync (move_pages on this vCPU) or async (the device's\n"
+    "                        transfer engine, overlapping compute; default sync)\n"
+    "  --hints               lifetime: tell the firmware each tensor's next use and death (off)\n"
     "  --lr                  SGD learning rate, 0 < X < 10 (default 0.05)\n" WL_COMMON_USAGE;
 
 struct options {
     uint64_t layers, width, batch, iterations, profile, lookahead, budget;
-    unsigned policy; /* enum policy */
+    unsigned policy;   /* enum policy */
+    unsigned transfer; /* enum transfer */
+    unsigned hints;    /* 0 off, 1 on */
     double lr;
     struct wl_common common;
 };
@@ -468,12 +479,16 @@ static void model_init(struct model *m, const struct options *opt, bool dram)
 
 struct lifetime {
     uint64_t lookahead, budget, nops;
+    bool async, hints;
     uint64_t uses[MAX_TENSORS]; /* the ops of an iteration that use the tensor (bit i: op i), profiled */
     bool resident[MAX_TENSORS]; /* promoted: in host DRAM, counted against the budget */
     bool moved[MAX_TENSORS];    /* ... and its promotion moved pages: its demotion moves them back */
     uint64_t resident_bytes, peak_bytes;
     uint64_t bytes_promoted, bytes_demoted; /* what moved: pages already in place are not counted */
     uint64_t promotions, demotions, evictions, skipped, failures;
+    uint64_t ticket_seq;                /* async: transfers issued */
+    uint64_t ticket[MAX_TENSORS];       /* ... a tensor's promotion in flight (0: none) */
+    uint64_t waits, hints_need, hints_dead; /* transfers waited for; hint calls */
 };
 
 static void lifetime_record(struct lifetime *lt, const struct op *op, unsigned i)
@@ -497,12 +512,14 @@ static uint64_t next_use(const struct lifetime *lt, unsigned t, unsigned i)
 
 static void promote(struct lifetime *lt, const struct model *m, unsigned t)
 {
-    const long pages = cxlssd_promote(m->tensor[t].data, m->tensor[t].bytes);
+    const long pages = lt->async ? cxlssd_promote_async(m->tensor[t].data, m->tensor[t].bytes, ++lt->ticket_seq)
+                                 : cxlssd_promote(m->tensor[t].data, m->tensor[t].bytes);
     if (pages < 0) { /* not a cxlssd guest (on the host: no CXL region) */
         lt->failures++;
         return;
     }
     lt->promotions++;
+    lt->ticket[t] = lt->async ? lt->ticket_seq : 0;
     lt->bytes_promoted += (uint64_t)pages * PAGE_BYTES;
     lt->resident[t] = true;
     lt->moved[t] = pages > 0;
@@ -514,7 +531,9 @@ static void promote(struct lifetime *lt, const struct model *m, unsigned t)
  * (a tensor that was in DRAM already, as under dram-only, stays in DRAM). */
 static void demote(struct lifetime *lt, const struct model *m, unsigned t)
 {
-    const long pages = lt->moved[t] ? cxlssd_demote(m->tensor[t].data, m->tensor[t].bytes) : 0;
+    const long pages = !lt->moved[t] ? 0
+                       : lt->async ? cxlssd_demote_async(m->tensor[t].data, m->tensor[t].bytes, ++lt->ticket_seq)
+                                   : cxlssd_demote(m->tensor[t].data, m->tensor[t].bytes);
     if (pages < 0)
         lt->failures++; /* (then it stays in DRAM, out of the books: nothing better to do) */
     else {
@@ -522,6 +541,7 @@ static void demote(struct lifetime *lt, const struct model *m, unsigned t)
         lt->bytes_demoted += (uint64_t)pages * PAGE_BYTES;
     }
     lt->resident[t] = false;
+    lt->ticket[t] = 0; /* (the engine moves it back after the promotion, in order) */
     lt->resident_bytes -= page_round(m->tensor[t].bytes);
 }
 
@@ -570,6 +590,36 @@ static void lifetime_before(struct lifetime *lt, const struct model *m, unsigned
         else
             lt->skipped++;
     }
+    if (!lt->hints)
+        return;
+    /* the tensors on the device that op i + A uses (moved or used in place): into SSD DRAM */
+    const unsigned ahead = (unsigned)((i + lt->lookahead) % lt->nops);
+    for (unsigned t = 0; t < m->ntensors; t++)
+        if (!lt->resident[t] && (lt->uses[t] >> ahead & 1) &&
+            cxlssd_hint(CXLSSD_HINT_NEED, ahead, m->tensor[t].data, m->tensor[t].bytes) >= 0)
+            lt->hints_need++;
+}
+
+/* Before op i runs: wait for the transfers of its tensors still in flight. */
+static void lifetime_wait(struct lifetime *lt, const struct op *op)
+{
+    for (unsigned s = 0; s < SLOTS; s++) {
+        const uint32_t t = op->slot[s];
+        if (t != NO_TENSOR && lt->ticket[t] != 0) {
+            cxlssd_transfer_wait(lt->ticket[t]);
+            lt->ticket[t] = 0;
+            lt->waits++;
+        }
+    }
+}
+
+/* A tensor whose value is dead after its last use in an iteration (the next iteration
+ * writes it before reading it): the activations the layers write, all the gradients. */
+static bool transient(const struct model *m, unsigned t)
+{
+    if (t >= id_act(m->layers, 1)) /* the activations the layers write, their gradients */
+        return true;
+    return t >= T_FIRST_LAYER && t < id_weight(m->layers) && (t - T_FIRST_LAYER) % PER_LAYER >= 2; /* dW, db */
 }
 
 /* After op i: demote the promoted tensors whose last use in the iteration was op i, except
@@ -579,6 +629,36 @@ static void lifetime_after(struct lifetime *lt, const struct model *m, unsigned 
     for (unsigned t = 0; t < m->ntensors; t++)
         if (lt->resident[t] && (lt->uses[t] >> i) == 1 && next_use(lt, t, i + 1) >= i + 1 + lt->lookahead)
             demote(lt, m, t);
+    if (!lt->hints)
+        return;
+    for (unsigned t = 0; t < m->ntensors; t++)
+        if (!lt->resident[t] && (lt->uses[t] >> i) == 1 && transient(m, t) &&
+            cxlssd_hint(CXLSSD_HINT_DEAD, i, m->tensor[t].data, m->tensor[t].bytes) >= 0)
+            lt->hints_dead++;
+}
+
+/* The static split (ZeRO-Offload's kind: a fixed placement chosen once): the movable
+ * tensors with the most uses per byte are promoted, densest first, while they fit the
+ * budget, and stay in DRAM; the rest stay on the device. */
+static void static_split(struct lifetime *lt, const struct model *m)
+{
+    bool chosen[MAX_TENSORS] = {false};
+    for (;;) {
+        unsigned best = NO_TENSOR;
+        for (unsigned t = 0; t < m->ntensors; t++) {
+            const uint64_t bytes = page_round(m->tensor[t].bytes);
+            if (chosen[t] || !movable(lt, m, t) || lt->resident_bytes + bytes > lt->budget)
+                continue;
+            /* uses(t) / bytes(t) > uses(best) / bytes(best), in integers */
+            if (best == NO_TENSOR || (uint64_t)__builtin_popcountll(lt->uses[t]) * page_round(m->tensor[best].bytes) >
+                                         (uint64_t)__builtin_popcountll(lt->uses[best]) * bytes)
+                best = t;
+        }
+        if (best == NO_TENSOR)
+            return;
+        chosen[best] = true;
+        promote(lt, m, best);
+    }
 }
 
 /* One training iteration: every op in order; `record` the uses, or `place` the tensors. */
@@ -589,8 +669,10 @@ static double iteration(const struct model *m, struct lifetime *lt, bool record,
         const struct op *op = &m->op[i];
         if (record)
             lifetime_record(lt, op, i);
-        if (place)
+        if (place) {
             lifetime_before(lt, m, i);
+            lifetime_wait(lt, op);
+        }
         const double value = run_op(m, op);
         if (op->kind == OP_LOSS)
             loss_value = value;
@@ -607,6 +689,7 @@ static struct options parse_options(int argc, char **argv)
     struct options opt = {.layers = DEFAULT_LAYERS, .width = DEFAULT_WIDTH, .batch = DEFAULT_BATCH,
                           .iterations = DEFAULT_ITERATIONS, .profile = DEFAULT_PROFILE,
                           .lookahead = DEFAULT_LOOKAHEAD, .budget = DEFAULT_BUDGET, .policy = POLICY_NONE,
+                          .transfer = TRANSFER_SYNC, .hints = 0,
                           .lr = DEFAULT_LR, .common = WL_COMMON_DEFAULTS};
     struct wl_option options[] = {
         WL_SIZED("width", &opt.width, 16, MAX_WIDTH),
@@ -617,6 +700,8 @@ static struct options parse_options(int argc, char **argv)
         WL_CHOICE("policy", &opt.policy, POLICIES),
         WL_COUNT("lookahead", &opt.lookahead, 1, MAX_OPS),
         WL_SIZE("dram-budget", &opt.budget, 0, 1ull << 40),
+        WL_CHOICE("transfer", &opt.transfer, TRANSFERS),
+        WL_CHOICE("hints", &opt.hints, SWITCHES),
         WL_REAL("lr", &opt.lr, 0, 10),
         WL_END,
     };
@@ -656,12 +741,16 @@ int main(int argc, char **argv)
     lt.lookahead = opt.lookahead;
     lt.budget = opt.budget;
     lt.nops = run.nops;
+    lt.async = opt.transfer == TRANSFER_ASYNC;
+    lt.hints = opt.hints != 0;
     const uint64_t total = opt.profile + opt.iterations;
     double *losses = (double *)wl_alloc(total * sizeof *losses);
     uint64_t *iteration_ns = (uint64_t *)wl_alloc(opt.iterations * sizeof *iteration_ns);
 
     for (uint64_t it = 0; it < opt.profile; it++)
         losses[it] = iteration(&run, &lt, true, false);
+    if (opt.policy == POLICY_STATIC)
+        static_split(&lt, &run); /* synchronous, before the ROI: the split is fixed */
     wl_roi_begin(&opt.common);
     bool timed = true;
     for (uint64_t it = 0; it < opt.iterations; it++) {
@@ -712,6 +801,8 @@ int main(int argc, char **argv)
     wl_json_str(&j, "policy", POLICIES[opt.policy]);
     wl_json_u64(&j, "lookahead", opt.lookahead);
     wl_json_u64(&j, "dram_budget", opt.budget);
+    wl_json_str(&j, "transfer", TRANSFERS[opt.transfer]);
+    wl_json_str(&j, "hints", SWITCHES[opt.hints]);
     wl_json_real(&j, "lr", opt.lr);
     wl_report_data(&j, &opt.common);
     wl_json_u64(&j, "tensors", run.ntensors);
@@ -730,6 +821,10 @@ int main(int argc, char **argv)
     wl_json_u64(&j, "prefetches_skipped", lt.skipped);
     wl_json_u64(&j, "placement_failures", lt.failures);
     wl_json_u64(&j, "peak_promoted_bytes", lt.peak_bytes);
+    wl_json_u64(&j, "transfers", lt.ticket_seq);
+    wl_json_u64(&j, "transfer_waits", lt.waits);
+    wl_json_u64(&j, "hints_need", lt.hints_need);
+    wl_json_u64(&j, "hints_dead", lt.hints_dead);
     wl_json_real(&j, "loss_first", losses[0]);
     wl_json_real(&j, "loss_last", losses[total - 1]);
     wl_json_u64(&j, "mismatched_tensors", mismatched_tensors);

@@ -189,7 +189,11 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_version = CXLSSD_QEMU_PLUGIN_API_VERSION;
 #define CMD_PROMOTED 7u /* device page arg0 now lives in RAM at arg1 */
 #define CMD_DEMOTED 8u  /* device page arg0 left RAM (it was at arg1) */
 #define CMD_PROMOTE_FAILED 9u /* device page arg0 could not be promoted */
-#define CMD_LAST CMD_PROMOTE_FAILED
+#define CMD_XFER_BEGIN 10u    /* a page move the firmware's transfer engine accounts for */
+#define CMD_XFER_END 11u      /*   ... ends; arg0 the ticket (firmware/hints.py) */
+#define CMD_XFER_WAIT 12u     /* the vCPU needs transfer arg0's data */
+#define CMD_HINT 13u          /* a tensor's lifetime hint, encoded in arg0 */
+#define CMD_LAST CMD_HINT
 #define PV_MAGIC 0x56504453534c5843ULL /* "CXLSSDPV" */
 #define PV_VERSION 2u
 #define PV_MAILBOX_OFFSET 2048u /* firmware -> guest promotion decisions */

@@ -47,6 +47,11 @@ def test_points_cover_every_case_and_design_with_substituted_commands() -> None:
     assert load_experiment(DEMO_FILE).points()  # the shipped experiments are valid
     skybyte = load_experiment(DEMO_FILE.with_name("skybyte.yaml"))
     assert len(skybyte.designs) == 8 and skybyte.ideal == "dram-only"
+    # a workload may run under some of the designs only (offload.yaml's baselines)
+    some = experiment_from_dict({**BASE, "workloads": [{"name": "c", "command": ["chase"],
+                                                          "designs": ["base-cssd", "dram-only"]}]}, "t.yaml")
+    assert [p.design for p in some.points()] == ["base-cssd", "dram-only"]
+    assert load_experiment(DEMO_FILE.with_name("offload.yaml")).points()
     spikes = load_experiment(DEMO_FILE.with_name("scenario-spikes.yaml")).points()[0]
     assert [(at, knob.kind) for at, knob in spikes.inject][:2] == [
         (5.0, "latency-spike"), (60.0, "latency-spike"),
@@ -63,6 +68,8 @@ def test_points_cover_every_case_and_design_with_substituted_commands() -> None:
         ({"workloads": [{"name": "x", "command": ["chase", "{n}"]}]}, "uses {n} but sweep gives it no"),
         ({"workloads": [{"name": "x", "command": ["chase"], "sweep": {"n": ["1"]}}]}, "n is not used"),
         ({"workloads": [{"name": "x", "comand": ["chase"]}]}, "did you mean 'command'"),
+        ({"workloads": [{"name": "x", "command": ["chase"], "designs": ["skybyte-w"]}]},
+         "workloads[0].designs: 'skybyte-w' is not one of the designs"),
         ({"platform": "nowhere"}, "no platform config 'nowhere'"),
         ({"overrides": {"cache.wayz": 4}}, "cache.wayz"),
         ({"colour": 1}, "unknown key 'colour'"),

@@ -58,6 +58,8 @@ def host_report(runtime: Path, *args: str) -> dict[str, Any]:
 def test_the_binary_trains_and_self_checks_on_the_host(runtime: Path, args: tuple[str, ...]) -> None:
     none = host_report(runtime, *args)
     lifetime = host_report(runtime, *args, "--policy", "lifetime")
+    asynchronous = host_report(runtime, *args, "--policy", "lifetime", "--transfer", "async", "--hints", "on")
+    split = host_report(runtime, *args, "--policy", "static")
     layers = none["params"]["layers"]
     assert none["ops"] == 2 * layers + 1 and none["tensors"] == 6 * layers + 2
     assert none["loss_last"] < none["loss_first"] and none["mismatched_tensors"] == 0
@@ -68,7 +70,8 @@ def test_the_binary_trains_and_self_checks_on_the_host(runtime: Path, args: tupl
     assert none["movable_tensors"] == 4 * layers + 1
     # the host has no CXL region: the helper's promotions fail, nothing moves, same training
     assert lifetime["placement_failures"] > 0 and lifetime["bytes_promoted"] == 0
-    assert lifetime["checksum"] == none["checksum"]
+    assert asynchronous["placement_failures"] > 0 and split["placement_failures"] > 0
+    assert lifetime["checksum"] == none["checksum"] == asynchronous["checksum"] == split["checksum"]
 
 
 def test_the_checksum_follows_the_seed_and_a_fault_fails_the_check(runtime: Path) -> None:
@@ -90,7 +93,7 @@ def test_the_footprint_picks_the_width(runtime: Path) -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (["--width", "100"], "--width 100: must be a multiple of 16"),
     (["--batch", "6"], "--batch 6: must be a multiple of 4"),
-    (["--policy", "eager"], "--policy: 'eager' is not one of none, lifetime"),
+    (["--policy", "eager"], "--policy: 'eager' is not one of none, static, lifetime"),
     (["--lookahead", "0"], "--lookahead 0: must be 1..33"),
     (["--footprint", "64K"], "--footprint 65536 is too small"),
     (["--width", "64", "--footprint", "1M"], "--footprint and --width are exclusive"),
@@ -122,6 +125,8 @@ def guest_runs(default_platform: Platform) -> dict[tuple[str, str], tuple[dict[s
     return {
         ("base-cssd", "none"): guest_run(default_platform, "base-cssd"),
         ("base-cssd", "lifetime"): guest_run(default_platform, "base-cssd", "--policy", "lifetime"),
+        ("base-cssd", "async"): guest_run(default_platform, "base-cssd", "--policy", "lifetime",
+                                          "--transfer", "async", "--hints", "on"),
         ("dram-only", "none"): guest_run(default_platform, "dram-only"),
         ("dram-only", "lifetime"): guest_run(default_platform, "dram-only", "--policy", "lifetime",
                                              "--dram-budget", str(TIGHT_BUDGET_BYTES)),
@@ -195,3 +200,32 @@ def test_the_lifetime_policy_is_faster_than_none_under_base_cssd(
     assert stall["base-cssd", "lifetime"] < 0.7 * stall["base-cssd", "none"]
     # the helper's own cost under dram-only (system calls, no moves) is small
     assert times["dram-only", "lifetime"] == pytest.approx(ideal, rel=0.05)
+
+
+@pytest.mark.guest
+def test_the_transfer_engine_overlaps_the_moves_and_the_hints_reach_the_firmware(
+    guest_runs: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]],
+) -> None:
+    """The same moves bracketed for the device's transfer engine (firmware/hints.py): the guest's
+    copies leave the vCPU's clock, the engine's transfers overlap the ops, hints name pages."""
+    (sync, sync_roi), (report, roi) = guest_runs["base-cssd", "lifetime"], guest_runs["base-cssd", "async"]
+    transfers = roi["device"]["transfers"]
+    ms = {key: transfers[key] / 1e6 for key in ("busy_ns", "wait_ns", "guest_copy_ns")}
+    print(f"async: {report['iteration_ns_mean'] / 1e6:.1f} ms an iteration "
+          f"(sync {sync['iteration_ns_mean'] / 1e6:.1f}); {transfers['transfers']} transfers, "
+          f"{transfers['bytes'] >> 20} MiB, engine busy {ms['busy_ns']:.2f} ms, "
+          f"waited {ms['wait_ns']:.2f} ms; "
+          f"guest copies taken back {ms['guest_copy_ns']:.1f} ms; "
+          f"hints: {transfers['hint_markers']} markers, "
+          f"{transfers['need_prefetched']} pages prefetched, {transfers['dead_dropped']} dropped")
+    assert report["transfer"] == "async" and report["transfers"] > 0 and report["transfer_waits"] > 0
+    assert report["bytes_promoted"] > 0 and report["placement_failures"] == 0
+    # every move of the ROI went through the engine, in the guest's count and the firmware's
+    assert transfers["bytes"] == report["bytes_promoted"] + report["bytes_demoted"]
+    assert transfers["promotions"] == report["promotions"]
+    assert transfers["waits"] == report["transfer_waits"]
+    # the overlap: the vCPU waited for less than the engine worked, and for less than the copies cost
+    assert transfers["wait_ns"] < transfers["busy_ns"] < transfers["guest_copy_ns"]
+    assert report["hints_need"] > 0 and report["hints_dead"] > 0 and transfers["hint_markers"] > 0
+    assert report["iteration_ns_mean"] < sync["iteration_ns_mean"]
+    assert roi["modelled_ns"] < sync_roi["modelled_ns"]

@@ -1,0 +1,216 @@
+"""The device's transfer engine and the guest's lifetime hints (docs/offload.md).
+
+G10 and TeraIO move tensors between fast and slow memory *while the computation
+goes on*. In a cxlssd guest a page changes place only by the kernel's
+``move_pages`` on the program's own vCPU, which is synchronous and, under TCG,
+copies a page a byte at a time through the MMIO window. A program that wants
+asynchronous transfers brackets such a move with markers, and the firmware
+accounts for it as a transfer of a device-side DMA engine instead:
+
+* ``XFER_BEGIN`` (``addr`` = ticket << 1 | to-device) and ``XFER_END`` (``addr`` =
+  ticket) enclose one move on one vCPU. Everything the vCPU's clock advanced by in
+  between (the kernel's copy: instructions and device stalls) is taken back from
+  it; the vCPU is charged ``host_ns_per_transfer`` + ``host_ns_per_page`` per page
+  moved instead (the system call, the engine's descriptor and the page-table
+  updates, which stay the CPU's work).
+* The engine serves transfers one at a time in issue order: a transfer starts at
+  ``max(its begin clock, the engine's previous transfer done)`` and lasts
+  ``first_page_ns + max(bytes / link_bytes_per_s, flash pages x read_ns / dies)``:
+  the link streams the pages while the flash dies read the ones that were not in
+  SSD DRAM in parallel (the pages the copy read from flash, counted from the
+  bracket's device responses).
+* ``XFER_WAIT`` (``addr`` = ticket): the vCPU needs the transfer's data; it is
+  charged ``max(0, done - now)``. What the transfer took beyond that wait ran
+  while the vCPU computed: the overlap.
+
+Lifetime hints (``HINT``, ``addr`` = kind << 56 | op << 48 | pages << 32 | first
+device page) name a run of device pages of one tensor:
+
+* ``NEED`` (it is used at op ``op``): the firmware reads the pages that are not in
+  its data cache from flash into it now, in the background (no vCPU is charged),
+  so the later transfer or in-place use finds them in SSD DRAM.
+* ``DEAD`` (its value is dead after op ``op``, the next use overwrites it): the
+  firmware drops the pages from its data cache without writing them back, which
+  saves the flash programs of dirty dead pages and frees the slots.
+
+Every input is a marker in the stream, so a recorded run replays to the same
+answers (DESIGN.md decision 5).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from cxlssd.firmware.controller import Controller
+from cxlssd.firmware.request import PAGE_BYTES, PAGE_SHIFT, Op, Source
+
+log = logging.getLogger(__name__)
+
+#: the vCPU id the firmware's own hint reads are issued as (no guest vCPU has it)
+ENGINE_VCPU = 0xFFFF
+#: HINT kinds (bits 56..63 of the marker's argument)
+HINT_NEED = 1
+HINT_DEAD = 2
+#: the DEAD hint's pages are dropped; this many pages at most in one marker
+MAX_HINT_PAGES = 0xFFFF
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The transfer engine's parameters (ours: SkyByte describes no DMA engine)."""
+
+    #: a PCIe 5.0 x8 CXL link, 32 GB/s raw a direction, 80 % of it for data (assumed)
+    link_bytes_per_s: int = 25_600_000_000
+    #: the CPU's part of a transfer: the system call, the engine's descriptor, its
+    #: completion (assumed)
+    host_ns_per_transfer: int = 2000
+    #: ... and of each page: its page-table entry and a share of a batched TLB shootdown
+    #: (assumed; Linux's own page migration, copy included, moves 4 KiB pages at ~1-2 us
+    #: each, most of it not the copy: docs/offload.md shows the result with that cost too)
+    host_ns_per_page: int = 250
+
+
+@dataclass
+class TransferCounters:
+    transfers: int = 0
+    promotions: int = 0  # transfers to host DRAM
+    demotions: int = 0  # ... and back
+    pages: int = 0
+    bytes: int = 0
+    flash_pages: int = 0  # pages the engine read from flash
+    busy_ns: int = 0  # the engine's time spent on transfers
+    guest_copy_ns: int = 0  # what the vCPU's clock advanced by in the brackets, taken back
+    host_ns: int = 0  # the CPU's part charged instead (host_ns_per_page)
+    waits: int = 0
+    wait_ns: int = 0  # what the vCPU waited for transfers: the part not overlapped
+    waited_busy_ns: int = 0  # the duration of the transfers waited for
+    hint_markers: int = 0
+    need_pages: int = 0
+    need_prefetched: int = 0  # NEED pages read into the data cache
+    dead_pages: int = 0
+    dead_dropped: int = 0  # DEAD pages dropped from the data cache
+    dead_dirty_dropped: int = 0  # ... of them dirty: a flash program saved
+
+
+@dataclass
+class _Open:
+    ticket: int
+    to_device: bool
+    begin_clock_ns: int
+    pages: int = 0
+    flash_pages: int = 0
+
+
+class TransferEngine:
+    """Settles transfer brackets and hints per vCPU (see the module doc)."""
+
+    def __init__(self, controller: Controller, config: EngineConfig | None = None) -> None:
+        self.controller = controller
+        self.config = config or EngineConfig()
+        self.counters = TransferCounters()
+        self.free_ns = 0  # when the engine's last transfer is done
+        self._open: dict[int, _Open] = {}  # vCPU -> its bracket
+        self._done: dict[int, tuple[int, int]] = {}  # ticket -> (start, done)
+
+    def clock_ns(self, vcpu: int, local_ns: int) -> int:
+        return local_ns + self.controller.vcpu_stall_ns(vcpu)
+
+    @property
+    def brackets_open(self) -> bool:
+        return bool(self._open)
+
+    def begin(self, vcpu: int, arg: int, local_ns: int) -> None:
+        if vcpu in self._open:
+            log.warning("transfer %d began on vCPU %d inside transfer %d: the earlier one is dropped",
+                        arg >> 1, vcpu, self._open[vcpu].ticket)
+        self._open[vcpu] = _Open(arg >> 1, bool(arg & 1), self.clock_ns(vcpu, local_ns))
+
+    def page_moved(self, vcpu: int) -> None:
+        """A PROMOTED/DEMOTED report of ``vcpu`` (inside a bracket: one of its pages)."""
+        bracket = self._open.get(vcpu)
+        if bracket is not None:
+            bracket.pages += 1
+
+    def served(self, requests: np.ndarray, out: np.ndarray) -> None:
+        """Device requests served while a bracket is open: count the pages read from flash."""
+        for vcpu, bracket in self._open.items():
+            mine = requests["vcpu"] == vcpu
+            bracket.flash_pages += int(np.count_nonzero(out["source"][mine] == Source.FLASH))
+
+    def end(self, vcpu: int, ticket: int, local_ns: int) -> None:
+        bracket = self._open.pop(vcpu, None)
+        if bracket is None or bracket.ticket != ticket:
+            log.warning("transfer %d ended on vCPU %d without its begin: ignored", ticket, vcpu)
+            return
+        cfg, c = self.config, self.counters
+        copy_ns = self.clock_ns(vcpu, local_ns) - bracket.begin_clock_ns
+        host_ns = cfg.host_ns_per_transfer + cfg.host_ns_per_page * bracket.pages
+        self.controller.charge_stall(vcpu, host_ns - copy_ns)
+        nbytes = bracket.pages * PAGE_BYTES
+        duration_ns = 0
+        if bracket.pages:
+            timeline = self.controller.flash.timeline if self.controller.flash is not None else None
+            flash_ns = 0
+            first_ns = self.controller.latencies.hit_ns if timeline is not None else 0
+            if timeline is not None and bracket.flash_pages:
+                flash_ns = bracket.flash_pages * timeline.read_ns // timeline.n_dies
+                first_ns += timeline.read_ns
+            link_ns = nbytes * 1_000_000_000 // cfg.link_bytes_per_s
+            duration_ns = first_ns + max(link_ns, flash_ns)
+        start_ns = max(bracket.begin_clock_ns, self.free_ns)
+        self.free_ns = start_ns + duration_ns
+        self._done[ticket] = (start_ns, self.free_ns)
+        c.transfers += 1
+        c.demotions += bracket.to_device
+        c.promotions += not bracket.to_device
+        c.pages += bracket.pages
+        c.bytes += nbytes
+        c.flash_pages += bracket.flash_pages
+        c.busy_ns += duration_ns
+        c.guest_copy_ns += copy_ns
+        c.host_ns += host_ns
+
+    def wait(self, vcpu: int, ticket: int, local_ns: int) -> None:
+        span = self._done.pop(ticket, None)
+        if span is None:
+            log.warning("vCPU %d waits for transfer %d, which is not known: ignored", vcpu, ticket)
+            return
+        wait_ns = max(0, span[1] - self.clock_ns(vcpu, local_ns))
+        self.controller.charge_stall(vcpu, wait_ns)
+        self.counters.waits += 1
+        self.counters.wait_ns += wait_ns
+        self.counters.waited_busy_ns += span[1] - span[0]
+
+    def hint(self, vcpu: int, arg: int, local_ns: int) -> None:
+        kind, pages, first = arg >> 56, (arg >> 32) & MAX_HINT_PAGES, arg & 0xFFFF_FFFF
+        cache = self.controller.cache
+        self.counters.hint_markers += 1
+        last = min(first + pages, self.controller.device_pages)
+        if kind == HINT_NEED:
+            self.counters.need_pages += pages
+            if cache is None:
+                return
+            now_ns = self.clock_ns(vcpu, local_ns)
+            for page in range(first, last):
+                if cache.lookup(page) >= 0:
+                    continue
+                # read at once, each page on its die; charged to no guest vCPU
+                self.controller.submit(now_ns, page << PAGE_SHIFT, Op.READ, vcpu=ENGINE_VCPU)
+                self.controller.charge_stall(ENGINE_VCPU, -self.controller.vcpu_stall_ns(ENGINE_VCPU))
+                self.counters.need_prefetched += 1
+        elif kind == HINT_DEAD:
+            self.counters.dead_pages += pages
+            if cache is None:
+                return
+            for page in range(first, last):
+                if cache.lookup(page) >= 0:
+                    self.counters.dead_dropped += 1
+                    self.counters.dead_dirty_dropped += cache.invalidate(page)
+        else:
+            log.warning("unknown hint kind %d from vCPU %d: ignored", kind, vcpu)
+
+    def counter_dict(self) -> dict[str, int]:
+        return asdict(self.counters)

@@ -1,0 +1,187 @@
+"""The transfer engine and the lifetime hints (firmware/hints.py, docs/offload.md): a page move
+bracketed by XFER markers is taken off the vCPU's clock and run by the engine, overlapping the
+vCPU's work; XFER_WAIT charges only what is left; NEED hints fill the data cache from flash in
+the background, DEAD hints drop pages from it. The guest side is tests/guest/test_offload.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cxlssd.firmware.controller import Controller
+from cxlssd.firmware.hints import HINT_DEAD, HINT_NEED, EngineConfig
+from cxlssd.firmware.live_switching import guest_driven
+from cxlssd.firmware.profile import load_profile
+from cxlssd.firmware.replay import replay_file
+from cxlssd.firmware.request import REQUEST_DTYPE, MarkerCmd, Op
+from cxlssd.firmware.stream import StreamServer
+from cxlssd.firmware.trace import TraceWriter
+
+HIT_NS = 158
+READ_NS = 3000
+DIES = 16
+CFG = EngineConfig()
+
+
+def host_ns(pages: int) -> int:
+    return CFG.host_ns_per_transfer + pages * CFG.host_ns_per_page
+
+
+def record(time_ns: int, addr: int, op: int = Op.READ, flags: int = 0) -> np.ndarray:
+    r = np.zeros(1, dtype=REQUEST_DTYPE)
+    r[0] = (time_ns, addr, 0, 0 if op == Op.MARKER else 64, op, flags, 0)
+    return r
+
+
+def mark(time_ns: int, cmd: int, arg: int = 0) -> np.ndarray:
+    return record(time_ns, arg, Op.MARKER, cmd)
+
+
+def hint(time_ns: int, kind: int, first_page: int, pages: int, op: int = 0) -> np.ndarray:
+    return mark(time_ns, MarkerCmd.HINT, kind << 56 | op << 48 | pages << 32 | first_page)
+
+
+def server(design: str = "base-cssd", *overrides: str) -> StreamServer:
+    controller = Controller.from_profile(load_profile(design, list(overrides)))
+    return StreamServer(controller, switching=guest_driven(controller))
+
+
+def promotion(begin_ns: int, ticket: int, pages: list[int], copy_ns: int) -> np.ndarray:
+    """A promotion move as the guest makes it: the kernel's copy reads every line of each page
+    (over ``copy_ns`` of local time), the library reports each page."""
+    parts = [mark(begin_ns, MarkerCmd.XFER_BEGIN, ticket << 1)]
+    step = copy_ns // (len(pages) * 64 + 1)
+    t = begin_ns
+    for page in pages:
+        for line in range(64):
+            t += step
+            parts.append(record(t, page << 12 | line << 6))
+        parts.append(mark(t, MarkerCmd.PROMOTED, page))
+    parts.append(mark(begin_ns + copy_ns, MarkerCmd.XFER_END, ticket))
+    return np.concatenate(parts)
+
+
+def stall(s: StreamServer) -> int:
+    return s.controller.vcpu_stall_ns(0)
+
+
+def test_a_bracketed_move_costs_the_vcpu_only_its_remap_and_the_engine_its_transfer() -> None:
+    s = server()
+    pages = list(range(100, 108))  # 8 cold pages: 8 flash reads
+    s.serve(promotion(1000, 1, pages, copy_ns=500_000))
+    # the vCPU's clock at the end is its clock at the begin + the remap of 8 pages
+    assert 1000 + 500_000 + stall(s) == 1000 + host_ns(8)
+    t = s.transfers.counters
+    assert (t.transfers, t.promotions, t.pages, t.flash_pages) == (1, 1, 8, 8)
+    link_ns = 8 * 4096 * 10**9 // CFG.link_bytes_per_s
+    assert t.busy_ns == HIT_NS + READ_NS + max(link_ns, 8 * READ_NS // DIES)
+    assert t.guest_copy_ns > 500_000  # the copy's instructions and its device stalls
+    assert t.bytes == 8 * 4096
+
+
+def test_compute_after_the_move_overlaps_it_and_the_wait_charges_only_the_rest() -> None:
+    s = server("base-cssd", "flash.preset=slc")  # 25 us reads: the engine takes longer than the CPU's part
+    s.serve(promotion(0, 7, list(range(256)), copy_ns=1_000_000))
+    busy = s.transfers.counters.busy_ns
+    after_end = stall(s) + 1_000_000  # the vCPU's clock right after the bracket
+    assert after_end == host_ns(256) < busy
+    compute_ns = (busy - after_end) // 3  # the vCPU computes a third of what is left, then needs it
+    s.serve(mark(1_000_000 + compute_ns, MarkerCmd.XFER_WAIT, 7))
+    t = s.transfers.counters
+    assert t.waits == 1 and t.waited_busy_ns == busy
+    assert t.wait_ns == busy - after_end - compute_ns
+    assert 1_000_000 + compute_ns + stall(s) == busy  # ready exactly when the transfer is done
+    # waiting again (or for a ticket never issued) charges nothing
+    before = stall(s)
+    s.serve(mark(1_100_000, MarkerCmd.XFER_WAIT, 7))
+    assert stall(s) == before
+
+
+def test_a_wait_after_enough_compute_costs_nothing() -> None:
+    s = server()
+    s.serve(promotion(0, 1, [5, 6], copy_ns=10_000))
+    before = stall(s)
+    s.serve(mark(10_000_000, MarkerCmd.XFER_WAIT, 1))
+    assert stall(s) == before and s.transfers.counters.wait_ns == 0
+
+
+def test_the_engine_runs_one_transfer_at_a_time_in_issue_order() -> None:
+    s = server("base-cssd", "flash.preset=slc")  # the first transfer outlasts the CPU's part
+    s.serve(promotion(0, 1, list(range(0, 32)), copy_ns=1000))
+    first_busy = s.transfers.counters.busy_ns
+    s.serve(promotion(1000, 2, list(range(32, 64)), copy_ns=1000))
+    second_busy = s.transfers.counters.busy_ns - first_busy
+    clock = 1000 + stall(s)
+    s.serve(mark(1000, MarkerCmd.XFER_WAIT, 2))
+    # the second transfer started when the first was done
+    assert clock + s.transfers.counters.wait_ns == first_busy + second_busy
+
+
+def test_a_demotion_bracket_is_a_transfer_to_the_device_nobody_waits_for() -> None:
+    s = server()
+    s.serve(promotion(0, 1, [9], copy_ns=1000))
+    s.serve(np.concatenate([mark(2000, MarkerCmd.XFER_BEGIN, 2 << 1 | 1), mark(2500, MarkerCmd.DEMOTED, 9),
+                            mark(3000, MarkerCmd.XFER_END, 2)]))
+    t = s.transfers.counters
+    assert (t.transfers, t.promotions, t.demotions, t.pages) == (2, 1, 1, 2)
+    assert t.waits == 0
+
+
+def test_need_hints_fill_the_data_cache_in_the_background() -> None:
+    s = server()
+    s.serve(hint(1000, HINT_NEED, 200, 16))
+    assert stall(s) == 0  # no guest vCPU pays for the prefetch
+    t = s.transfers.counters
+    assert t.need_pages == t.need_prefetched == 16
+    # long after: the pages are SSD-DRAM hits
+    s.serve(record(10_000_000, 200 << 12))
+    assert stall(s) == HIT_NS
+    # hinted again: nothing to read
+    s.serve(hint(10_000_100, HINT_NEED, 200, 16))
+    assert s.transfers.counters.need_prefetched == 16
+
+
+def test_a_read_right_after_a_need_hint_waits_for_the_fill_in_flight() -> None:
+    s = server()
+    s.serve(np.concatenate([hint(1000, HINT_NEED, 300, 1), record(1500, 300 << 12)]))
+    assert HIT_NS < stall(s) < HIT_NS + READ_NS
+
+
+def test_dead_hints_drop_dirty_pages_without_writing_them_back() -> None:
+    s = server()
+    s.serve(np.concatenate([record(1000, 400 << 12, Op.WRITE), record(20_000, 401 << 12)]))
+    s.serve(hint(50_000, HINT_DEAD, 400, 3))
+    t = s.transfers.counters
+    assert (t.dead_pages, t.dead_dropped, t.dead_dirty_dropped) == (3, 2, 1)
+    assert s.controller.cache is not None and s.controller.cache.lookup(400) < 0
+
+
+@pytest.mark.parametrize("design", ["dram-only", "skybyte-full"])
+def test_hints_and_transfers_are_harmless_on_every_kind_of_device(design: str) -> None:
+    s = server(design)
+    s.serve(np.concatenate([hint(0, HINT_NEED, 0, 4), hint(0, HINT_DEAD, 0, 4),
+                            promotion(10, 1, [1, 2], copy_ns=100), mark(200, MarkerCmd.XFER_WAIT, 1),
+                            hint(300, 9, 0, 1)]))
+    assert s.transfers.counters.transfers == 1
+
+
+def test_the_transfer_counters_are_in_the_roi_results_and_replay_identically(tmp_path: Path) -> None:
+    stream = np.concatenate([mark(0, MarkerCmd.ROI_BEGIN, 1), hint(0, HINT_NEED, 500, 8),
+                             promotion(10, 1, list(range(500, 508)), copy_ns=50_000),
+                             mark(60_000, MarkerCmd.XFER_WAIT, 1), hint(70_000, HINT_DEAD, 600, 2),
+                             mark(80_000, MarkerCmd.ROI_END, 1)])
+    s = server()
+    s.serve(stream)
+    (roi,) = s.results
+    transfers = roi["device"]["transfers"]
+    assert transfers["transfers"] == 1 and transfers["pages"] == 8 and transfers["need_prefetched"] == 8
+    assert transfers["flash_pages"] == 0  # the hint had brought them into SSD DRAM
+    assert roi["modelled_ns"] == 80_000 + stall(s)
+    trace = tmp_path / "t.trace"
+    with TraceWriter(trace, metadata={"guest_driven": True}) as writer:
+        writer.write(stream)
+    replayed = replay_file(trace, load_profile("base-cssd"))
+    assert replayed["rois"][0]["device"]["transfers"] == transfers
+    assert replayed["rois"][0]["modelled_ns"] == roi["modelled_ns"]
