@@ -229,12 +229,15 @@ __attribute__((noinline)) static struct slot *chase_write(struct slot *s, uint64
 __attribute__((noinline)) static struct slot *store_stream(char *base, uint64_t stride_bytes, uint64_t slots,
                                                           uint64_t steps, uint64_t *sum)
 {
-    uint64_t total = 0, index = 0;
+    uint64_t total = 0, index = 0, round = 1;
     for (uint64_t i = 0; i < steps; i++) {
         struct slot *s = slot_at(base, stride_bytes, index);
         total += (uintptr_t)s;
-        s->visits++;
-        index = index + 1 == slots ? 0 : index + 1;
+        s->visits = round; /* a plain store (visits++ would load the line first) */
+        if (++index == slots) {
+            index = 0;
+            round++;
+        }
     }
     *sum = total;
     return slot_at(base, stride_bytes, index);
