@@ -66,11 +66,11 @@ from cxlssd.experiments.runner import (
     timed,
 )
 from cxlssd.experiments.spec import Experiment, Point
-from cxlssd.guest.image import current_image
+from cxlssd.guest.image import current_image, ensure_image
 from cxlssd.platform.config import PlatformConfig, load_config
 from cxlssd.platform.machine import Platform
 from cxlssd.platform.network import unshare_network
-from cxlssd.platform.plugin.build import plugin_path
+from cxlssd.platform.plugin.build import ensure_plugin, plugin_path
 from cxlssd.platform.qemu import check_qemu
 
 log = logging.getLogger(__name__)
@@ -309,6 +309,9 @@ class ClusterRunner(ExperimentRunner):
         live = [p for p in pending if p.trace is None]
         replays = [p for p in pending if p.trace is not None]
         config = load_config(self.experiment.platform)
+        if self.address == LOCAL and live:  # before Ray's private network: the image build downloads
+            ensure_image()
+            ensure_plugin()
         with connected(self.address):
             nodes = [node for node in ray.nodes() if node["Alive"]]
             log.info("Ray cluster: %d nodes, %s", len(nodes), ", ".join(_node_name(n) for n in nodes))

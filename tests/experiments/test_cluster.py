@@ -48,10 +48,12 @@ def _free_port() -> int:
 
 
 class LoopbackCluster:
-    """A Ray head and one worker node (1 CPU each) on 127.0.0.1 inside the network
-    namespace ``namespace``; the processes of the namespace are this cluster's own."""
+    """A Ray head and ``workers`` worker nodes (1 CPU each) on 127.0.0.1 inside the network
+    namespace ``namespace``; the processes of the namespace are this cluster's own. ``env``:
+    what the nodes' environment changes (their workers inherit it)."""
 
-    def __init__(self, namespace: str, temp_dir: Path) -> None:
+    def __init__(self, namespace: str, temp_dir: Path, workers: int = 1,
+                 env: dict[str, str] | None = None) -> None:
         self.namespace = namespace
         self.temp_dir = temp_dir
         self.port = _free_port()
@@ -60,6 +62,8 @@ class LoopbackCluster:
         self.token = temp_dir / "auth_token"
         self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
                     "RAY_AUTH_TOKEN_PATH": str(self.token)}
+        self.node_env = {**self.env, **(env or {})}
+        self.workers = workers
 
     def command(self, *argv: str) -> list[str]:
         return ["ip", "netns", "exec", self.namespace, *argv]
@@ -73,8 +77,8 @@ class LoopbackCluster:
         head = [*RAY, "start", "--head", "--port", str(self.port), "--include-dashboard=false",
                 "--temp-dir", str(self.temp_dir), *common]
         worker = [*RAY, "start", "--address", self.address, *common]
-        for argv in (head, worker):
-            started = subprocess.run(self.command(*argv), env=self.env, capture_output=True, text=True,
+        for argv in (head, *[worker] * self.workers):
+            started = subprocess.run(self.command(*argv), env=self.node_env, capture_output=True, text=True,
                                      timeout=START_TIMEOUT_S, cwd=self.temp_dir)
             assert started.returncode == 0, started.stdout + started.stderr
 
@@ -107,16 +111,23 @@ class LoopbackCluster:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[LoopbackCluster]:
+@contextlib.contextmanager
+def _started(name: str, workers: int = 1, env: dict[str, str] | None = None) -> Iterator[LoopbackCluster]:
     if os.geteuid() != 0:
         pytest.skip("a network namespace needs root (as every ./cxlssd command here)")
-    cluster = LoopbackCluster(f"cxlssd-raytest-{os.getpid()}", Path(f"/tmp/cxlssd-ray-{os.getpid()}"))
+    cluster = LoopbackCluster(f"cxlssd-{name}-{os.getpid()}", Path(f"/tmp/cxlssd-{name}-{os.getpid()}"),
+                              workers, env)
     try:
         cluster.start()
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[LoopbackCluster]:
+    with _started("raytest") as cluster:
+        yield cluster
 
 
 def _sweep(tmp_path: Path, requests: int = REQUESTS) -> Path:
@@ -221,6 +232,30 @@ def test_an_unreachable_cluster_is_a_clear_error_at_once(tmp_path: Path) -> None
     assert failed.returncode == 2, output
     assert "error: no Ray head answers at 127.0.0.1:1" in output
     assert time.monotonic() - began < 60 and not _rows(tmp_path / "out")
+
+
+def test_nodes_that_cannot_run_the_points_are_named_before_anything_runs(tmp_path: Path) -> None:
+    # A node whose cxlssd differs from the driver's by one comment, and without QEMU.
+    code = tmp_path / "other" / "src"
+    shutil.copytree(REPO / "src" / "cxlssd", code / "cxlssd", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(code / "cxlssd" / "errors.py", "a") as changed:
+        changed.write("# another revision\n")
+    others = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+              if path and Path(path).resolve() != (REPO / "src").resolve()]
+    env = {"PYTHONPATH": os.pathsep.join([str(code), *others]), "CXLSSD_QEMU": str(tmp_path / "no-qemu")}
+    experiment = tmp_path / "live.yaml"
+    experiment.write_text(yaml.safe_dump({"name": "lv", "designs": ["base-cssd"],
+                                          "workloads": [{"name": "chase", "command": ["chase"]}]}))
+    with _started("raycheck", workers=0, env=env) as cluster:
+        failed = _run(cluster.command(*_cli("run", str(experiment), "--out", str(tmp_path / "out"),
+                                            "--cluster", cluster.address)), env=cluster.env)
+        output, _ = failed.communicate(timeout=RUN_TIMEOUT_S)
+    assert failed.returncode == 2, output
+    assert "nodes of the Ray cluster cannot run this experiment" in output
+    node = re.escape(f"{socket.gethostname()} (127.0.0.1)")
+    assert re.search(node + r": its cxlssd code \(digest \w+\) is not the driver's", output), output
+    assert re.search(node + r": .*no-qemu.*; run ./cxlssd setup there", output), output
+    assert not _rows(tmp_path / "out")
 
 
 @pytest.mark.guest
