@@ -38,6 +38,7 @@ this process and its children only. Ray's dashboard is never started.
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import tempfile
 import threading
@@ -221,6 +222,7 @@ def check_reachable(address: str) -> None:
 def connected(address: str) -> Iterator[None]:
     """Connected to the Ray cluster at ``address`` (``local``: a head started for this
     run, stopped after it) until the block ends."""
+    on_sigterm = signal.getsignal(signal.SIGTERM)
     try:
         if address == LOCAL:
             enter_loopback_network()
@@ -231,6 +233,9 @@ def connected(address: str) -> Iterator[None]:
             ray.init(address=address, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise ClusterError(f"cannot connect to the Ray cluster at {address}: {error}") from None
+    finally:
+        # ray.init makes SIGTERM exit at once; the CLI's handler stops the run like Ctrl-C.
+        signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield
     finally:
@@ -296,6 +301,12 @@ class _Dispatch:
     in_flight: dict[Any, _Job] = field(default_factory=dict)
     waiting: deque[_Job] = field(default_factory=deque)
     workers: list[Any] = field(default_factory=list)
+    retiring: dict[Any, Any] = field(default_factory=dict)  # a worker's stop() -> the worker
+
+    def retire(self, worker: Any) -> None:
+        """Have ``worker`` shut its guest down (waited for at the end, by :func:`_stop`)."""
+        self.workers.remove(worker)
+        self.retiring[worker.stop.remote()] = worker
 
 
 class ClusterRunner(ExperimentRunner):
@@ -354,8 +365,7 @@ class ClusterRunner(ExperimentRunner):
     def _next_live(self, dispatch: _Dispatch, worker: Any) -> None:
         """Give ``worker`` the next waiting live point, or stop it if none is left."""
         if not dispatch.waiting:
-            _stop_workers([worker])
-            dispatch.workers.remove(worker)
+            dispatch.retire(worker)
             return
         job = dispatch.waiting.popleft()
         job.worker = worker
@@ -393,25 +403,23 @@ class ClusterRunner(ExperimentRunner):
             self._next_live(dispatch, job.worker)
 
 
-def _stop_workers(workers: list[Any]) -> None:
-    """Shut the guests of ``workers`` down (bounded), then end the actors."""
-    stopping = [worker.stop.remote() for worker in workers]
-    if stopping:
-        _, late = ray.wait(stopping, num_returns=len(stopping), timeout=STOP_TIMEOUT_S)
-        if late:
-            log.warning("%d workers did not stop their guests within %.0f s: killed (their QEMU dies "
-                        "with them)", len(late), STOP_TIMEOUT_S)
-    for worker in workers:
-        ray.kill(worker, no_restart=True)
-
-
 def _stop(dispatch: _Dispatch) -> None:
-    """Cancel what is still in flight and stop every worker (after an error or Ctrl-C)."""
+    """Cancel the replays still in flight, have every worker shut its guest down (at most
+    :data:`STOP_TIMEOUT_S`), then end the workers. Also after an error or Ctrl-C."""
     began = time.monotonic()
     for ref, job in dispatch.in_flight.items():
         if job.worker is None:
             ray.cancel(ref, force=True)
-    _stop_workers(dispatch.workers)
+    for worker in list(dispatch.workers):
+        dispatch.retire(worker)
+    if dispatch.retiring:
+        stopping = list(dispatch.retiring)
+        _, late = ray.wait(stopping, num_returns=len(stopping), timeout=STOP_TIMEOUT_S)
+        if late:
+            log.warning("%d workers did not shut their guests down within %.0f s: killed (their QEMU "
+                        "dies with them)", len(late), STOP_TIMEOUT_S)
+    for worker in dispatch.retiring.values():
+        ray.kill(worker, no_restart=True)
     if dispatch.in_flight:
-        log.info("cancelled %d points in flight and stopped %d workers in %.1f s", len(dispatch.in_flight),
-                 len(dispatch.workers), time.monotonic() - began)
+        log.info("cancelled %d points in flight and stopped the workers in %.1f s", len(dispatch.in_flight),
+                 time.monotonic() - began)
