@@ -177,7 +177,11 @@ class GuestWorker:
             if self._platform is not None:
                 return self._platform
             platform = self._platform = Platform(self.config)
-        platform.launch()  # a stop() meanwhile shuts it down: the launch then fails
+        try:
+            platform.launch()  # a stop() meanwhile shuts it down: the launch then fails
+        except BaseException:
+            self._drop_guest()  # the next point boots anew
+            raise
         return platform
 
     def _drop_guest(self) -> None:
