@@ -16,6 +16,10 @@ inputs changed runs again, and the log says which changed. A torn last line
 time holds ``DIR/.lock``. A live point that outlives ``point_timeout_s`` is
 recorded as failed (exit status 124, ``timed_out``) and the run goes on with a
 fresh guest.
+
+``--cluster`` runs the same points on a Ray cluster (:mod:`.cluster`): only where the
+points run changes (:meth:`ExperimentRunner._execute`); the bookkeeping above is this
+module's.
 """
 
 from __future__ import annotations
