@@ -258,8 +258,23 @@ def test_nodes_that_cannot_run_the_points_are_named_before_anything_runs(tmp_pat
     assert not _rows(tmp_path / "out")
 
 
+def _our_processes(title: bytes) -> list[int]:
+    """Processes whose title (first argument) holds ``title`` and that run in this session's
+    runtime dir (``CXLSSD_RUNTIME`` in their environment: started under this test run)."""
+    ours = f"CXLSSD_RUNTIME={os.environ['CXLSSD_RUNTIME']}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if (entry.name.isdigit() and title in (entry / "cmdline").read_bytes().split(b"\0")[0]
+                    and ours in (entry / "environ").read_bytes().split(b"\0")):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
 @pytest.mark.guest
-def test_two_live_points_run_through_a_local_ray_head(tmp_path: Path) -> None:
+def test_live_points_share_an_actors_guest_and_survive_a_killed_actor(tmp_path: Path) -> None:
     experiment = {
         "name": "live-ray", "designs": ["base-cssd", "dram-only"],
         "overrides": {"ssd_dram.size_bytes": "16MiB"},
@@ -267,10 +282,23 @@ def test_two_live_points_run_through_a_local_ray_head(tmp_path: Path) -> None:
     }
     path = tmp_path / "live.yaml"
     path.write_text(yaml.safe_dump(experiment))
-    output = _finish(_run(_cli("run", str(path), "--out", str(tmp_path / "out"), "--cluster", "local")))
+    run = _run(_cli("run", str(path), "--out", str(tmp_path / "out"), "--cluster", "local"))
+    # Kill the first actor (SIGKILL) while its guest boots: its QEMU dies with it, and the point
+    # runs on a new actor, whose boot removes what the dead one left (the leak check after).
+    killed = None
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while killed is None and run.poll() is None and time.monotonic() < deadline:
+        actors = _our_processes(b"ray::GuestWorker")
+        if actors and _our_processes(b"qemu-system"):
+            killed = actors[0]
+            os.kill(killed, signal.SIGKILL)
+        time.sleep(0.1)
+    output = _finish(run)
+    assert killed is not None, output
+    assert "chase@base-cssd: its worker died" in output and "it runs again on a new one" in output, output
     rows = {row["key"]: row for row in _rows(tmp_path / "out")}
-    assert sorted(rows) == ["chase@base-cssd", "chase@dram-only"], output
+    assert len(_rows(tmp_path / "out")) == 2 and sorted(rows) == ["chase@base-cssd", "chase@dram-only"]
     assert all(row["check_ok"] and row["kind"] == "live" for row in rows.values()), output
-    # One guest ran both points (the actor kept it), and it is gone now.
+    # One guest ran both points (the new actor kept it), and it is gone now.
     assert len({row["instance"] for row in rows.values()}) == 1
     assert rows["chase@base-cssd"]["modelled_ns"] > rows["chase@dram-only"]["modelled_ns"]  # type: ignore[operator]
