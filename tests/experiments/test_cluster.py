@@ -58,6 +58,8 @@ class LoopbackCluster:
         self.temp_dir = temp_dir
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
+        self.client_port = _free_port()
+        self.client_address = f"ray://127.0.0.1:{self.client_port}"  # Ray Client
         # This checkout's code (PYTHONPATH, from ./cxlssd) in the workers; a token of the test's own.
         self.token = temp_dir / "auth_token"
         self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
@@ -75,6 +77,7 @@ class LoopbackCluster:
         subprocess.run(self.command("ip", "link", "set", "lo", "up"), check=True)
         common = ["--num-cpus", "1", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
         head = [*RAY, "start", "--head", "--port", str(self.port), "--include-dashboard=false",
+                "--ray-client-server-port", str(self.client_port),
                 "--temp-dir", str(self.temp_dir), *common]
         worker = [*RAY, "start", "--address", self.address, *common]
         for argv in (head, *[worker] * self.workers):
@@ -165,11 +168,11 @@ def _rows(out: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_the_replay_sweep_on_a_cluster_gives_the_local_table(ray_cluster: LoopbackCluster,
+def test_the_replay_sweep_through_ray_client_gives_the_local_table(ray_cluster: LoopbackCluster,
                                                              tmp_path: Path) -> None:
     sweep = _sweep(tmp_path)
     remote = _run(ray_cluster.command(*_cli("run", str(sweep), "--out", str(tmp_path / "cluster"),
-                                            "--cluster", ray_cluster.address)), env=ray_cluster.env)
+                                            "--cluster", ray_cluster.client_address)), env=ray_cluster.env)
     cluster_output = _finish(remote)
     experiment = load_experiment(sweep)
     local_out = tmp_path / "local"
