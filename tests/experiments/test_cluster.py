@@ -1,9 +1,9 @@
 """``./cxlssd run --cluster``: points on a real Ray cluster (a head and a worker node on
 127.0.0.1, in a network namespace of the test's own, so Ray listens on loopback only).
 
-Marked ``cluster`` (and the live one ``guest`` too). They take ~1 minute, and the live one
-~1.5 more, so a run selects them only when asked: ``./cxlssd test -m cluster`` (or
-``-k cluster``; tests/conftest.py)."""
+Marked ``cluster`` (and the live one ``guest`` too). The four without a guest take 1 to 3
+minutes here (with the other sessions' load), the live one 1.5 to 4.5 more, so a run selects
+them only when asked: ``./cxlssd test -m cluster`` (or ``-k cluster``; tests/conftest.py)."""
 
 from __future__ import annotations
 
