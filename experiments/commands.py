@@ -11,6 +11,7 @@ from cxlssd.experiments.report import table_lines, write_results
 from cxlssd.experiments.runner import ExperimentRunner
 from cxlssd.experiments.spec import DEMO_FILE, Experiment, load_experiment
 from cxlssd.platform.config import format_size
+from cxlssd.setup_commands import ensure_extra
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     run.add_argument("experiment", type=Path, help="experiment YAML (see experiments/demo.yaml)")
     run.add_argument("--out", type=Path, help="results directory (default: results/NAME)")
+    run.add_argument(
+        "--cluster", metavar="ADDRESS",
+        help="run the points on a Ray cluster: ray://HOST:PORT (Ray Client), HOST:PORT or auto (from a "
+        "node of the cluster), or local (a Ray head on this machine, loopback only, for this run); "
+        "installs Ray on first use (docs/experiments.md)",
+    )
     run.set_defaults(handler=cmd_run)
 
     demo = subparsers.add_parser(
@@ -46,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.set_defaults(handler=bench_plugin.run)
 
 
-def run_experiment(experiment: Experiment, out: Path | None) -> int:
+def run_experiment(experiment: Experiment, out: Path | None, cluster: str | None = None) -> int:
     out_dir = out or Path("results") / experiment.name
     points = experiment.points()
     replay = sum(1 for p in points if p.trace is not None)
@@ -54,7 +61,13 @@ def run_experiment(experiment: Experiment, out: Path | None) -> int:
     print(f"== experiment {experiment.name}: {len(experiment.designs)} designs x {cases} cases "
           f"= {len(points)} points ({len(points) - replay} live runs, {replay} replays without a guest), "
           f"results in {out_dir}/ (modelled time; an interrupted run resumes)")
-    rows = ExperimentRunner(experiment, out_dir).run()
+    if cluster is None:
+        rows = ExperimentRunner(experiment, out_dir).run()
+    else:
+        ensure_extra("cluster")
+        from cxlssd.experiments.cluster import ClusterRunner  # Ray is optional: imported when used
+
+        rows = ClusterRunner(experiment, out_dir, cluster).run()
     written = write_results(experiment, rows, out_dir)
     for line in table_lines(experiment, written["table"]):
         print(f"   {line}")
@@ -72,7 +85,7 @@ def run_experiment(experiment: Experiment, out: Path | None) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    return run_experiment(load_experiment(args.experiment), args.out)
+    return run_experiment(load_experiment(args.experiment), args.out, args.cluster)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -16,6 +16,10 @@ inputs changed runs again, and the log says which changed. A torn last line
 time holds ``DIR/.lock``. A live point that outlives ``point_timeout_s`` is
 recorded as failed (exit status 124, ``timed_out``) and the run goes on with a
 fresh guest.
+
+``--cluster`` runs the same points on a Ray cluster (:mod:`.cluster`): only where the
+points run changes (:meth:`ExperimentRunner._execute`); the bookkeeping above is this
+module's.
 """
 
 from __future__ import annotations
@@ -349,7 +353,6 @@ class ExperimentRunner:
 
     def _run_pending(self) -> dict[str, dict[str, Any]]:
         pending = self.pending()
-        live = [p for p in pending if p.trace is None]
         total = len(self.experiment.points())
         if not pending:
             log.info("%s: all %d points already done in %s", self.experiment.name, total, self.out_dir)
@@ -358,24 +361,29 @@ class ExperimentRunner:
                  total - len(pending))
         self._progress = _Progress(total, len(pending))
         with open(self.out_dir / POINTS_FILE, "a") as points_file:
-            for point in pending:
-                if point.trace is not None:
-                    self._record(points_file, point, partial(self._replay, point))
-            while live:
-                with self._platform() as platform:
-                    while live:
-                        point = live.pop(0)
-                        row = self._record(points_file, point, partial(self._live, platform, point))
-                        if not live:
-                            break
-                        if point.takes_down_cxl:
-                            log.info("%s took the guest's CXL memory down: a fresh guest for the "
-                                     "remaining %d points", point.key, len(live))
-                            break
-                        if row.get("timed_out") and self.platform is None:
-                            log.info("a fresh guest for the remaining %d points", len(live))
-                            break
+            self._execute(points_file, pending)
         return load_points(self.out_dir)
+
+    def _execute(self, points_file: TextIO, pending: list[Point]) -> None:
+        """Run ``pending`` here, recording each row as it finishes: the replays, then the
+        live points on one guest (a fresh one after a point that spoiled it)."""
+        live = [p for p in pending if p.trace is None]
+        for point in pending:
+            if point.trace is not None:
+                trace = materialize_trace(point.trace, self.out_dir)
+                overrides = self.experiment.profile_overrides(point)
+                self._keep(points_file, point, timed(partial(replay_row, point, trace, overrides)))
+        while live:
+            with self._platform() as platform:
+                while live:
+                    point = live.pop(0)
+                    row = timed(partial(live_row, self.experiment, platform, point))
+                    self._keep(points_file, point, row)
+                    if not live:
+                        break
+                    if spoils_guest(point, row) and self.platform is None:
+                        log.info("a fresh guest for the remaining %d points", len(live))
+                        break
 
     @contextmanager
     def _platform(self) -> Iterator[Platform]:
@@ -385,48 +393,57 @@ class ExperimentRunner:
         with Platform(load_config(self.experiment.platform)) as platform:
             yield platform
 
-    def _replay(self, point: Point) -> dict[str, Any]:
-        assert point.trace is not None
-        trace = materialize_trace(point.trace, self.out_dir)
-        return replay_row(point, trace, self.experiment.profile_overrides(point))
-
-    def _live(self, platform: Platform, point: Point) -> dict[str, Any]:
-        scenario = QmpScenario(platform, point.qmp) if point.qmp else None
-        if scenario is not None:
-            scenario.prepare()  # with the plugin still dormant: faster
-        timeout_s = self.experiment.point_timeout_s
-        try:
-            with platform.attach(point.design, self.experiment.profile_overrides(point)) as session:
-                for at_ms, knob in point.inject:
-                    send_knob(platform, knob, at_ms)
-                with scenario if scenario is not None else contextlib.nullcontext():
-                    status, out, err = session.run(point.command, timeout_s=timeout_s)
-        except GuestTimeout as error:
-            log.error("%s did not finish within point_timeout_s = %.0f s: recorded as failed", point.key,
-                      timeout_s)
-            row = point_row(point, TIMED_OUT_STATUS, b"", str(error).encode(), {})
-            row["timed_out"] = True
-            return row
-        row = point_row(point, status, out, err, session.results)
-        row["instance"] = platform.name  # which guest ran it (a run may boot more than one)
-        row["knobs"] = session.results.get("knobs", [])
-        if scenario is not None:
-            row["qmp"] = scenario.observations()
-        return row
-
-    def _record(
-        self, points_file: TextIO, point: Point, run: Callable[[], dict[str, Any]]
-    ) -> dict[str, Any]:
-        """Run one point, append its row (with the digests of its inputs) to the points
-        file at once, log the progress; returns the row."""
-        inputs = point_inputs(self.experiment, point)
-        began = time.monotonic()
-        row = run()
-        row["wall_s"] = time.monotonic() - began  # emulation time, for the ETA only
-        row["inputs"] = inputs
+    def _keep(self, points_file: TextIO, point: Point, row: dict[str, Any]) -> None:
+        """Append ``point``'s finished row (with the digests of its inputs) to the points
+        file at once and log the progress."""
+        row["inputs"] = point_inputs(self.experiment, point)
         _append_synced(points_file, row)
         self._progress.log(point, row)
+
+
+def timed(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The row ``run()`` makes, with the wall-clock time it took (``wall_s``: emulation
+    time, for the ETA only)."""
+    began = time.monotonic()
+    row = run()
+    row["wall_s"] = time.monotonic() - began
+    return row
+
+
+def spoils_guest(point: Point, row: dict[str, Any]) -> bool:
+    """Whether the guest that ran ``point`` must not run another: the point took its CXL
+    memory down (an uncorrectable error) or outlived its timeout (the guest may hang)."""
+    if point.takes_down_cxl:
+        log.info("%s took the guest's CXL memory down", point.key)
+        return True
+    return bool(row.get("timed_out"))
+
+
+def live_row(experiment: Experiment, platform: Platform, point: Point) -> dict[str, Any]:
+    """Run the live ``point`` on ``platform`` (firmware attached, its scenario's knobs and
+    QMP injections); its row, or a failed one if it outlived ``point_timeout_s``."""
+    scenario = QmpScenario(platform, point.qmp) if point.qmp else None
+    if scenario is not None:
+        scenario.prepare()  # with the plugin still dormant: faster
+    timeout_s = experiment.point_timeout_s
+    try:
+        with platform.attach(point.design, experiment.profile_overrides(point)) as session:
+            for at_ms, knob in point.inject:
+                send_knob(platform, knob, at_ms)
+            with scenario if scenario is not None else contextlib.nullcontext():
+                status, out, err = session.run(point.command, timeout_s=timeout_s)
+    except GuestTimeout as error:
+        log.error("%s did not finish within point_timeout_s = %.0f s: recorded as failed", point.key,
+                  timeout_s)
+        row = point_row(point, TIMED_OUT_STATUS, b"", str(error).encode(), {})
+        row["timed_out"] = True
         return row
+    row = point_row(point, status, out, err, session.results)
+    row["instance"] = platform.name  # which guest ran it (a run may boot more than one)
+    row["knobs"] = session.results.get("knobs", [])
+    if scenario is not None:
+        row["qmp"] = scenario.observations()
+    return row
 
 
 class _Progress:

@@ -152,6 +152,11 @@ class PlatformConfig:
         """Host memory (and tmpfs) all CXL backing files can take, dynamic capacity included."""
         return sum(d.backing_bytes for d in self.cxl_devices)
 
+    @property
+    def host_memory_bytes(self) -> int:
+        """Host memory the guest can take: its DRAM and all CXL backing files."""
+        return self.guest.dram_bytes + self.cxl_total_bytes
+
 
 def _check_keys(section: dict[str, Any], allowed: set[str], where: str) -> None:
     for key in section:

@@ -180,7 +180,7 @@ def check_host_capacity(configs: PlatformConfig | Sequence[PlatformConfig], shm_
     available = (
         int(next(x for x in meminfo.splitlines() if x.startswith("MemAvailable")).split()[1]) << 10
     )
-    need = sum(c.guest.dram_bytes for c in group) + cxl_total
+    need = sum(c.host_memory_bytes for c in group)
     if need > available:
         raise PrerequisiteError(
             f"{what}: guest DRAM + CXL memory is {format_size(need)} but the host has only "

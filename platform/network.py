@@ -282,14 +282,20 @@ def in_namespace(namespace: str, work: Callable[[], T]) -> T:
     return _in_thread(entered, f"netns-{namespace}")
 
 
+def unshare_network() -> None:
+    """Move the calling thread (and the threads and processes it starts from now on)
+    into a new network namespace of its own, which holds only a loopback interface, down."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWNET) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"unshare(CLONE_NEWNET): {os.strerror(error)}")
+
+
 def create_namespace(namespace: str) -> None:
     """A new network namespace, pinned as /run/netns/NAME (like ``ip netns add``)."""
 
     def create() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(_CLONE_NEWNET) != 0:
-            error = ctypes.get_errno()
-            raise OSError(error, f"unshare(CLONE_NEWNET): {os.strerror(error)}")
+        unshare_network()
         netns.attach(namespace, "thread-self")  # bind-mounts /proc/thread-self/ns/net
 
     _in_thread(create, f"create-{namespace}")

@@ -64,6 +64,17 @@ def no_leaks() -> Iterator[None]:
     assert leftovers(_live_instances) == [], "the test left platform state behind"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``cluster`` (a Ray cluster on loopback: 1-3 min, 2.5-7.5 with the live
+    one) stay out of the default run's time budget: they run when ``-m`` or ``-k`` names them."""
+    if "cluster" in f"{config.getoption('markexpr')} {config.getoption('keyword')}":
+        return
+    deselected = [item for item in items if item.get_closest_marker("cluster")]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if not item.get_closest_marker("cluster")]
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     remaining = leftovers(set())
     shutil.rmtree(RUNTIME, ignore_errors=True)

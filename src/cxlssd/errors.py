@@ -34,3 +34,8 @@ class GuestTimeout(GuestError):
 
 class FirmwareError(CxlssdError):
     """The firmware process failed, died, or the plugin gave up on it."""
+
+
+class ClusterError(CxlssdError):
+    """The Ray cluster is unreachable or unfit for the points, or lost a point's worker
+    more often than a point is retried."""

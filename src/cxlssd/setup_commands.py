@@ -2,16 +2,23 @@
 
 The Debian packages and the venv are installed by the ``./cxlssd`` bootstrap
 before Python starts; these commands build the rest (guest image, TCG plugin) and run the
-project's checks (ruff, mypy, pytest) in that order.
+project's checks (ruff, mypy, pytest) in that order. Optional dependencies (extras of
+pyproject.toml, e.g. ``cluster``: Ray) are installed into the venv when first used
+(:func:`ensure_extra`); ``test`` installs them all, so every test can run.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import subprocess
 import sys
+import tomllib
 
+from packaging.requirements import Requirement
+
+from cxlssd.errors import PrerequisiteError
 from cxlssd.guest.image import ensure_image
 from cxlssd.paths import REPO_ROOT
 from cxlssd.platform.plugin.build import ensure_plugin
@@ -22,6 +29,8 @@ log = logging.getLogger(__name__)
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     setup = subparsers.add_parser("setup", help="install and build everything the platform needs")
+    setup.add_argument("--cluster", action="store_true",
+                       help="also install Ray, for running experiments on a Ray cluster (a node's setup)")
     setup.set_defaults(handler=run_setup)
 
     test = subparsers.add_parser(
@@ -39,11 +48,44 @@ def run_setup(args: argparse.Namespace) -> int:
     image = ensure_image()
     log.info("guest image: %s", image.rootfs.parent)
     log.info("TCG plugin: %s", ensure_plugin())
+    if getattr(args, "cluster", False):
+        ensure_extra("cluster")
     return 0
+
+
+# Extras the tests need: installed by ``test``.
+TEST_EXTRAS = ("cluster",)
+
+
+def ensure_extra(name: str) -> None:
+    """Install the optional dependencies ``name`` of pyproject.toml into this venv,
+    unless every one is there at a version in its range. A :class:`PrerequisiteError`
+    (with pip's exit status; its output is above) if pip fails."""
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    requirements = project["optional-dependencies"][name]
+    missing = [r for r in requirements if not _installed(Requirement(r))]
+    if not missing:
+        return
+    log.info("installing %s (the %s extra; first use only)", ", ".join(missing), name)
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", *missing]
+    status = subprocess.run(pip).returncode
+    if status != 0:
+        raise PrerequisiteError(f"pip could not install {', '.join(missing)} (exit status {status}; "
+                                "its message is above)")
+
+
+def _installed(requirement: Requirement) -> bool:
+    try:
+        version = importlib.metadata.version(requirement.name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return requirement.specifier.contains(version, prereleases=True)
 
 
 def run_tests(args: argparse.Namespace) -> int:
     run_setup(args)
+    for extra in TEST_EXTRAS:
+        ensure_extra(extra)
     checks = [
         ("ruff", [sys.executable, "-P", "-m", "ruff", "check", "."]),
         ("mypy", [sys.executable, "-P", "-m", "mypy"]),
