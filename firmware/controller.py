@@ -327,6 +327,18 @@ class Controller:
         request[0] = (time_ns, addr, vcpu, size, op, flags, 0)
         return self.process(request)[0]
 
+    def check_requests(self, requests: np.ndarray) -> None:
+        """Raise :class:`InputError` unless every request of ``requests`` is valid."""
+        self._check(requests)
+
+    def serve_one(
+        self, time_ns: int, addr: int, vcpu: int, op: int, flags: int = 0
+    ) -> tuple[int, int, int, bool, int, int]:
+        """Serve one request already checked (:meth:`check_requests`), by the reference
+        path; returns (start_ns, latency_ns, source, long_delay, promote_page,
+        demote_page). For drivers that decide the next request from this answer."""
+        return self._step(time_ns, addr, vcpu, op, flags)
+
     def host_promoted(self, page: int) -> None:
         """The host finished promoting ``page`` (DPA >> 12) into its DRAM."""
         self._apply_promotion(page)

@@ -31,7 +31,7 @@ import numpy as np
 
 from cxlssd.errors import InputError
 from cxlssd.firmware.controller import Controller
-from cxlssd.firmware.request import FLAG_POSTED, REQUEST_DTYPE, Op
+from cxlssd.firmware.request import FLAG_POSTED, Op
 from cxlssd.firmware.stream import PERCENTILES, LatencyHistogram
 
 SCHEDULERS = ("round-robin", "earliest-ready")
@@ -53,15 +53,17 @@ class _Thread:
     __slots__ = ("last_ns", "parked_until", "pos", "records", "reissue")
 
     def __init__(self, records: np.ndarray) -> None:
-        self.records = records
+        # (compute time, addr, op, flags) per request, as Python ints (cheap to index)
+        self.records = list(zip(records["time_ns"].tolist(), records["addr"].tolist(),
+                                records["op"].tolist(), records["flags"].tolist(), strict=True))
         self.pos = 0
-        self.last_ns = int(records["time_ns"][0]) if records.size else 0
+        self.last_ns = self.records[0][0] if self.records else 0
         self.parked_until = 0  # ready time of the access it waits for
         self.reissue = False  # the parked access is issued again on resume
 
     @property
     def done(self) -> bool:
-        return self.pos >= self.records.shape[0] and not self.reissue
+        return self.pos >= len(self.records) and not self.reissue
 
 
 class ThreadedReplay:
@@ -83,6 +85,8 @@ class ThreadedReplay:
         """Serve every read/write record of ``requests``; returns each vCPU's final
         modelled clock (ns)."""
         rw = requests[requests["op"] <= Op.WRITE]
+        self.controller.check_requests(rw)
+        serve = self.controller.serve_one
         threads: dict[int, list[_Thread]] = {}
         for vcpu in np.unique(rw["vcpu"]).tolist():
             mine = rw[rw["vcpu"] == vcpu]
@@ -91,7 +95,6 @@ class ThreadedReplay:
         clock = dict.fromkeys(threads, 0)
         queue = [(0, vcpu) for vcpu in threads]
         heapq.heapify(queue)
-        one = np.zeros(1, dtype=REQUEST_DTYPE)
         latencies: list[int] = []
         while queue:
             now, vcpu = heapq.heappop(queue)
@@ -108,29 +111,27 @@ class ThreadedReplay:
             if thread.reissue:
                 thread.reissue = False
                 self.counters.reissues += 1
-                record = thread.records[thread.pos - 1]
+                compute_ns, addr, op, flags = thread.records[thread.pos - 1]
             else:
-                record = thread.records[thread.pos]
+                compute_ns, addr, op, flags = thread.records[thread.pos]
                 thread.pos += 1
-                gap = int(record["time_ns"]) - thread.last_ns  # the thread's compute
+                gap = compute_ns - thread.last_ns  # the thread's own work
                 now += gap
                 self.counters.compute_ns += gap
-                thread.last_ns = int(record["time_ns"])
-            one[0] = record
-            one["time_ns"] = now
-            answer = self.controller.process(one)[0]
-            if record["flags"] & FLAG_POSTED:
+                thread.last_ns = compute_ns
+            start, latency, _, long_delay, _, _ = serve(now, addr, vcpu, op, flags)
+            if flags & FLAG_POSTED:
                 pass
-            elif answer["long_delay"]:  # only designs with C answer so
-                thread.parked_until = int(answer["ready_ns"])
+            elif long_delay:  # only designs with C answer so
+                thread.parked_until = start + latency
                 thread.reissue = True
                 now += self.switch_cost_ns
                 self.counters.switches += 1
                 self.counters.switch_ns += self.switch_cost_ns
                 current[vcpu] = (index + 1) % len(ring)
             else:
-                now += int(answer["latency_ns"])
-            latencies.append(int(answer["latency_ns"]))
+                now += latency
+            latencies.append(latency)
             if len(latencies) >= 1 << 16:
                 self.histogram.add(np.array(latencies))
                 latencies.clear()

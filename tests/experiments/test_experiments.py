@@ -356,7 +356,9 @@ def test_a_replay_sweep_runs_every_trace_under_every_design_and_resumes(tmp_path
     experiment = experiment_from_dict({
         "name": "rs", "designs": ["base-cssd", "skybyte-c", "dram-only"], "overrides": overrides,
         "traces": [
-            {"name": "z", "synth": SYNTH, "sweep": {"context_switch.threshold_ns": [2000, 80000]}},
+            # three threads per vCPU: a long delay lets another thread run (firmware/threads.py)
+            {"name": "z", "synth": {**SYNTH, "threads": 3},
+             "sweep": {"context_switch.threshold_ns": [2000, 80000]}},
             {"name": "rec", "path": "rec.trace"},
         ],
     }, "rs.yaml", tmp_path)
