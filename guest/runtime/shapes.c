@@ -36,13 +36,17 @@
 
 #define LINE_BYTES 64u
 #define DEFAULT_BYTES (64u << 10)
-#define DEFAULT_STEPS 65536u
+/* Long enough that the guest's timer ticks inside an ROI, one more or one fewer (as the
+ * tick's phase falls), move its count by well under 1 % (a tick after a process starts
+ * has cost up to 70 000 instructions). */
+#define DEFAULT_STEPS (1u << 21)
 #define BODY_INSNS 8u  /* mid, byte, sse, store: see the loops */
 #define CHASE_INSNS 3u
+#define SETTLE_NS 200000000L /* 200 ms */
 
 static const char USAGE[] = "usage: shapes [--bytes N] [--steps N]\n"
                             "  --bytes  buffer size, a power of 2, at least 64 (default 65536)\n"
-                            "  --steps  steps per shape (default 65536)\n";
+                            "  --steps  steps per shape (default 2097152)\n";
 
 /* The step loop shared by the strided shapes: ACCESS is the access in the middle of
  * the block, between two ALU instructions and the index update; rcx walks the
@@ -205,6 +209,11 @@ int main(int argc, char **argv)
     }
     /* The writes also fault every page in before the ROIs (and fill the LLC). */
     link_lines(buf, bytes);
+    /* Sleep before measuring: work the guest starts with a new command (the SSH
+     * session's) shared the vCPU with the first ROI in some runs, up to doubling
+     * its instructions; asleep, the vCPU is left to it. */
+    const struct timespec settle = {.tv_sec = 0, .tv_nsec = SETTLE_NS};
+    nanosleep(&settle, NULL);
     const uint64_t mask = bytes - 1;
     uint64_t check = 0;
     struct seen seen[5];
