@@ -48,69 +48,33 @@ static const char USAGE[] = "usage: shapes [--bytes N] [--steps N]\n"
                             "  --bytes  buffer size, a power of 2, at least 64 (default 65536)\n"
                             "  --steps  steps per shape (default 2097152)\n";
 
-/* The step loop shared by the strided shapes: ACCESS is the access in the middle of
- * the block, between two ALU instructions and the index update; rcx walks the
- * buffer one line per step (masked by mask = bytes - 1). 8 instructions. */
-#define STRIDED_LOOP(ACCESS)                                                                           \
-    "1:\n\t"                                                                                          \
-    "add $1, %%rax\n\t"                                                                               \
-    "xor %%rax, %%rdx\n\t" ACCESS "\n\t"                                                              \
-    "add %%r8, %%rdx\n\t"                                                                             \
-    "add $64, %%rcx\n\t"                                                                              \
-    "and %[mask], %%rcx\n\t"                                                                          \
-    "dec %[n]\n\t"                                                                                    \
-    "jnz 1b\n\t"
+/* A strided shape: BODY (two instructions, its access among them, leaving a value in
+ * r8) in the middle of the block, between an ALU instruction and the index update;
+ * rcx walks the buffer one line per step (masked by mask = bytes - 1). 8 instructions
+ * a step. CLOBBERS: the vector registers BODY uses, if any. */
+#define STRIDED_SHAPE(name, buffer_type, BODY, ...)                                                    \
+    __attribute__((noinline)) static uint64_t name(buffer_type *buf, uint64_t mask, uint64_t steps)     \
+    {                                                                                                 \
+        uint64_t sum = 0;                                                                             \
+        __asm__ volatile("xor %%ecx, %%ecx\n\t"                                                       \
+                         "1:\n\t"                                                                     \
+                         "add $1, %%rax\n\t" BODY "\n\t"                                              \
+                         "add %%r8, %%rdx\n\t"                                                        \
+                         "add $64, %%rcx\n\t"                                                         \
+                         "and %[mask], %%rcx\n\t"                                                     \
+                         "dec %[n]\n\t"                                                               \
+                         "jnz 1b\n\t"                                                                 \
+                         : [n] "+r"(steps), "+d"(sum)                                                 \
+                         : [buf] "r"(buf), [mask] "r"(mask)                                           \
+                         : "rax", "rcx", "r8", "cc", "memory", ##__VA_ARGS__);                        \
+        return sum;                                                                                   \
+    }
 
-__attribute__((noinline)) static uint64_t load_mid(const char *buf, uint64_t mask, uint64_t steps)
-{
-    uint64_t sum = 0;
-    __asm__ volatile("xor %%ecx, %%ecx\n\t" STRIDED_LOOP("mov (%[buf],%%rcx), %%r8")
-                     : [n] "+r"(steps), "+d"(sum)
-                     : [buf] "r"(buf), [mask] "r"(mask)
-                     : "rax", "rcx", "r8", "cc", "memory");
-    return sum;
-}
-
-__attribute__((noinline)) static uint64_t load_byte(const char *buf, uint64_t mask, uint64_t steps)
-{
-    uint64_t sum = 0;
-    __asm__ volatile("xor %%ecx, %%ecx\n\t" STRIDED_LOOP("movzbq (%[buf],%%rcx), %%r8")
-                     : [n] "+r"(steps), "+d"(sum)
-                     : [buf] "r"(buf), [mask] "r"(mask)
-                     : "rax", "rcx", "r8", "cc", "memory");
-    return sum;
-}
-
+STRIDED_SHAPE(load_mid, const char, "xor %%rax, %%rdx\n\tmov (%[buf],%%rcx), %%r8")
+STRIDED_SHAPE(load_byte, const char, "xor %%rax, %%rdx\n\tmovzbq (%[buf],%%rcx), %%r8")
 /* movq moves the low half of the loaded 16 bytes to r8, so the sum still depends on it. */
-__attribute__((noinline)) static uint64_t load_sse(const char *buf, uint64_t mask, uint64_t steps)
-{
-    uint64_t sum = 0;
-    __asm__ volatile("xor %%ecx, %%ecx\n\t"
-                     "1:\n\t"
-                     "add $1, %%rax\n\t"
-                     "movdqu (%[buf],%%rcx), %%xmm0\n\t"
-                     "movq %%xmm0, %%r8\n\t"
-                     "add %%r8, %%rdx\n\t"
-                     "add $64, %%rcx\n\t"
-                     "and %[mask], %%rcx\n\t"
-                     "dec %[n]\n\t"
-                     "jnz 1b\n\t"
-                     : [n] "+r"(steps), "+d"(sum)
-                     : [buf] "r"(buf), [mask] "r"(mask)
-                     : "rax", "rcx", "r8", "xmm0", "cc", "memory");
-    return sum;
-}
-
-__attribute__((noinline)) static uint64_t store_mid(char *buf, uint64_t mask, uint64_t steps)
-{
-    uint64_t sum = 0;
-    __asm__ volatile("xor %%ecx, %%ecx\n\t"
-                     "xor %%r8d, %%r8d\n\t" STRIDED_LOOP("mov %%rdx, (%[buf],%%rcx)")
-                     : [n] "+r"(steps), "+d"(sum)
-                     : [buf] "r"(buf), [mask] "r"(mask)
-                     : "rax", "rcx", "r8", "cc", "memory");
-    return sum;
-}
+STRIDED_SHAPE(load_sse, const char, "movdqu (%[buf],%%rcx), %%xmm0\n\tmovq %%xmm0, %%r8", "xmm0")
+STRIDED_SHAPE(store_mid, char, "xor %%rax, %%rdx\n\tmov %%rdx, (%[buf],%%rcx)")
 
 /* Follows the cycle the lines' first words make: the load is its block's first instruction. */
 __attribute__((noinline)) static uint64_t chase(char *buf, uint64_t steps)
