@@ -7,6 +7,7 @@ Example (``platform/configs/default.yaml``)::
       dram: 2GiB
       vcpus: 1
       boot_timeout_s: 600
+      clock: instructions # the guest's clocks follow its instructions (-icount), or: host
     cxl_devices:
       - size: 1GiB
         # optional: a dynamic capacity device (``configs/dcd.yaml``)
@@ -116,11 +117,19 @@ class CxlDeviceConfig:
         return self.size_bytes + dynamic
 
 
+# What the guest's own clocks (timer interrupts, its wall-clock, TSC) follow: the
+# instructions it executes (QEMU's -icount), so its timer-driven kernel work comes at
+# a fixed rate per instruction whatever the host's speed (docs/live.md, "Modelled time
+# and the host"); or the host's time, as plain TCG does.
+GUEST_CLOCKS = ("instructions", "host")
+
+
 @dataclass(frozen=True)
 class GuestConfig:
     dram_bytes: int = 2 * GiB
     vcpus: int = 1
     boot_timeout_s: float = 600.0
+    clock: str = "instructions"
 
 
 @dataclass(frozen=True)
@@ -192,13 +201,16 @@ def _positive_number(value: object, key: str, kind: type, maximum: float) -> Any
 
 def _guest_from(raw: dict[str, Any], where: str) -> GuestConfig:
     defaults = GuestConfig()
-    _check_keys(raw, {"dram", "vcpus", "boot_timeout_s"}, where)
+    _check_keys(raw, {"dram", "vcpus", "boot_timeout_s", "clock"}, where)
     dram_bytes = parse_size(raw["dram"], f"{where}.dram") if "dram" in raw else defaults.dram_bytes
     if dram_bytes % (128 * MiB):
         raise ConfigError(
             f"{where}.dram: {format_size(dram_bytes)} is not a multiple of 128MiB "
             "(the guest's memory block size)"
         )
+    clock = raw.get("clock", defaults.clock)
+    if clock not in GUEST_CLOCKS:
+        raise ConfigError(f"{where}.clock: expected one of {', '.join(GUEST_CLOCKS)}, got {clock!r}")
     return GuestConfig(
         dram_bytes=dram_bytes,
         vcpus=_positive_number(raw.get("vcpus", defaults.vcpus), f"{where}.vcpus", int, MAX_VCPUS),
@@ -206,6 +218,7 @@ def _guest_from(raw: dict[str, Any], where: str) -> GuestConfig:
             raw.get("boot_timeout_s", defaults.boot_timeout_s), f"{where}.boot_timeout_s", float,
             MAX_BOOT_TIMEOUT_S,
         ),
+        clock=clock,
     )
 
 

@@ -95,6 +95,16 @@ KERNEL_ARGS = (
 )
 
 
+# The guest's clocks follow its instructions (config guest.clock: instructions): 2^0 ns of
+# guest time per instruction, the finest QEMU offers (the modelled CPU runs 3 per ns).
+# sleep=on: while the guest is idle (waiting for SSH, the network, a peer guest) its
+# clock runs on host time as before. With sleep=off it would jump from timer to timer
+# as fast as the host can, so a guest waiting for the host would run its timers, and
+# time out its TCP and SSH peers, in proportion to how long the host takes: the very
+# coupling -icount removes from busy guests. docs/live.md has the cost.
+ICOUNT_ARGS = ("-icount", "shift=0,sleep=on")
+
+
 def _qemu_size(size_bytes: int) -> str:
     """QEMU's size syntax (its suffixes are binary: M = MiB); sizes are whole MiB."""
     return f"{size_bytes // MiB}M"
@@ -123,6 +133,7 @@ def qemu_argv(qemu: QemuBinary, config: PlatformConfig, files: LaunchFiles) -> l
         "-qmp", f"unix:{files.inject_socket},server=on,wait=off",
         "-serial", f"file:{files.serial_log}",
         "-display", "none", "-monitor", "none", "-no-reboot",
+        *(ICOUNT_ARGS if config.guest.clock == "instructions" else ()),
     ]
     windows = []
     for index, (device, backing) in enumerate(

@@ -33,6 +33,7 @@ CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror", "-std=gnu11")
 HEADER = "cxlssd.h"
 LIBRARY_SOURCE = "libcxlssd.c"
 CHASE_SOURCE = "chase.c"
+SHAPES_SOURCE = "shapes.c"
 PYTHON_WRAPPER = "cxlssd_guest.py"
 # The workload suite: bin/NAME from ../workloads/NAME.c, which includes common.h.
 WORKLOADS = ("graph", "radix", "srad", "kvstore", "dlrm", "randread", "tpcc", "offload")
@@ -65,6 +66,8 @@ STEPS = (
     CompileStep("lib/libcxlssd.so", (LIBRARY_SOURCE,), ("-shared", "-fPIC")),
     # chase takes runtime ROI ids: the library is compiled in, no libcxlssd.so needed.
     CompileStep("bin/chase", (CHASE_SOURCE, LIBRARY_SOURCE)),
+    # shapes uses constant ROI ids only (the header's macros).
+    CompileStep("bin/shapes", (SHAPES_SOURCE,)),
     CompileStep("bin/cxlssd-promote", (PROMOTER_SOURCE, LIBRARY_SOURCE)),
     # So do the workloads (--roi ID); they need libm.
     *(
@@ -84,6 +87,7 @@ INPUTS = (
     HEADER,
     LIBRARY_SOURCE,
     CHASE_SOURCE,
+    SHAPES_SOURCE,
     PYTHON_WRAPPER,
     NETKV,
     WORKLOAD_HEADER,

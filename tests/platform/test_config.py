@@ -59,6 +59,7 @@ def test_shipped_configs_load() -> None:
         ({"guest": {"vcpu": 2}}, "did you mean 'vcpus'"),
         ({"guest": {"vcpus": 0}}, "guest.vcpus: must be positive"),
         ({"guest": {"dram": "100MiB"}}, "not a multiple of 128MiB"),
+        ({"guest": {"clock": "wall"}}, "guest.clock: expected one of instructions, host, got 'wall'"),
         ({"guest": []}, "expected a mapping"),
         ({"cxl_devices": [{"size": "300MiB"}]}, "not a multiple of 256MiB"),
         ({"cxl_devices": [{}]}, "missing 'size'"),

@@ -3,7 +3,9 @@ calibration of the modelled clock against the configured latencies, determinism,
 replay equivalence, and what happens when the firmware process dies.
 
 Every measurement runs the guest runtime's ``chase`` (guest/runtime/chase.c), a
-pointer chase with an ROI around its measured pass, under ``Platform.attach``.
+pointer chase with an ROI around its measured pass, under ``Platform.attach``;
+the instruction counts that must not depend on the host run ``shapes``
+(guest/runtime/shapes.c, issue 15).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -322,3 +326,59 @@ def test_guest_exec_rejects_bad_design_options_before_booting(cli: Any) -> None:
     orphan = cli("guest", "exec", "--record", "x.trace", "--", "true")
     assert orphan.returncode == 2 and "need --design" in orphan.stderr
     assert time.monotonic() - started < 30  # no guest was booted
+
+
+# -- modelled time does not depend on the host (issue 15) ------------------------------
+
+SAME_COUNT = 0.02  # ROI instructions: node 0 against the CXL node, idle against loaded host
+
+
+def run_shapes(platform: Platform, design: str) -> dict[str, int]:
+    """Instructions in each of ``shapes``' ROIs (guest/runtime/shapes.c), by shape name."""
+    with platform.attach(design) as session:
+        _, out, _ = session.run(["shapes"], check=True)
+    report = json.loads(out)
+    insns = {roi["roi"]: roi["cpu"]["insns"] for roi in session.results["rois"]}
+    counts = {name: insns[shape["roi"]] for name, shape in report["shapes"].items()}
+    print(f"{design}: {counts}; guest saw {report['shapes']}")
+    for name, shape in report["shapes"].items():
+        assert counts[name] >= shape["insns_per_step"] * report["steps"], name
+    return counts
+
+
+def assert_same_counts(counts: dict[str, int], reference: dict[str, int], what: str) -> None:
+    off = {name: counts[name] / reference[name] - 1 for name in reference}
+    print(f"{what}: " + ", ".join(f"{name} {delta:+.2%}" for name, delta in off.items()))
+    assert all(abs(delta) <= SAME_COUNT for delta in off.values()), what
+
+
+@pytest.fixture(scope="module")
+def node0_shapes(default_platform: Platform) -> dict[str, int]:
+    return run_shapes(default_platform, "dram-only")
+
+
+def test_roi_instructions_are_the_same_on_node0_and_on_the_cxl_node(
+    default_platform: Platform, node0_shapes: dict[str, int]
+) -> None:
+    """Each CXL access costs microseconds of host time (MMIO under TCG); with the guest's
+    clocks on host time its timer work grew the CXL node's ROIs by 7-33 % against node
+    0's 1-2 % (docs/live.md). With them on instructions (-icount, the default) every
+    access shape counts the same on both nodes."""
+    cxl = run_shapes(default_platform, "base-cssd")
+    assert_same_counts(cxl, node0_shapes, "CXL node against node 0")
+
+
+@pytest.mark.slow
+def test_roi_instructions_do_not_change_when_the_host_is_loaded(
+    default_platform: Platform, node0_shapes: dict[str, int]
+) -> None:
+    """Two busy loops on the host (its two cores) slow the emulation down; the CXL node's
+    ROIs still count what node 0's count on an idle host."""
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        loaded = run_shapes(default_platform, "base-cssd")
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    assert_same_counts(loaded, node0_shapes, "CXL node on a loaded host against node 0")

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from cxlssd.errors import GuestError
-from cxlssd.platform.config import CONFIG_DIR, load_config
+from cxlssd.platform.config import CONFIG_DIR, PlatformConfig, config_from_dict, load_config
 from cxlssd.platform.qemu import LaunchFiles, QemuBinary, forwarded_ssh_port, qemu_argv
 
 
-def _argv(config_name: str) -> list[str]:
-    config = load_config(CONFIG_DIR / config_name)
+def _argv(config_name: str, config: PlatformConfig | None = None) -> list[str]:
+    config = config or load_config(CONFIG_DIR / config_name)
     run = Path("/run/x")
     files = LaunchFiles(
         kernel=Path("/k"),
@@ -63,3 +63,10 @@ def test_root_is_the_initramfs_so_no_disk_dma_into_the_cxl_window() -> None:
     assert argv[argv.index("-initrd") + 1] == "/r"
     assert "rdinit=/sbin/init" in argv[argv.index("-append") + 1]
     assert not any("virtio-blk" in a or a == "-drive" for a in argv)
+
+
+def test_guest_clocks_follow_instructions_by_default_and_host_time_on_request() -> None:
+    argv = _argv("default.yaml")
+    assert argv[argv.index("-icount") + 1] == "shift=0,sleep=on"
+    host = _argv("", config_from_dict({"guest": {"clock": "host"}}))
+    assert "-icount" not in host
