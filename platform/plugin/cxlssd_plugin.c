@@ -53,78 +53,35 @@
  *   mode=active|dormant start mode (default active)
  *   pv=PATH             the paravirtual clock page: an existing file of at least
  *                       4096 bytes (also the guest's ivshmem memdev); the plugin
- *                       writes its header, the firmware the clocks. Layout: header
- *                       (64 bytes: u64 magic "CXLSSDPV", u32 version 1, u32 slots,
- *                       u32 slot offset 64, u32 slot bytes 64), then per vCPU
- *                       {u64 clock_ns, u64 seq}: the answer to the vCPU's seq-th
- *                       clock read (clock 0: no firmware attached)
+ *                       writes its header, the firmware the answers (clock 0: no
+ *                       firmware attached)
  * Any other argument, a malformed value or a repeated key makes loading fail
  * with a message on stderr (QEMU then refuses to start).
  *
- * Shared counters layout, version 3 (all little-endian, fixed offsets; docs/plugin.md):
- *   header, 128 bytes at offset 0:
- *     0  u64 magic "CXLSSDPC" (written last: the file is ready when it is there)
- *     8  u32 layout version (2)         12 u32 header bytes (128)
- *    16  u32 vCPU slots                 20 u32 window slots (8)
- *    24  u32 offset of the window table 28 u32 offset of the vCPU table
- *    32  u32 published windows (n)      36 u32 state: 1 running, 2 exited
- *    40  u64 file bytes                 48 u64 QEMU pid
- *    56  u32 vCPU slot bytes (128)      60 u32 LLC ways
- *    64  u64 LLC bytes                  72 u64 ps per instruction
- *    80  u32 requested mode (platform)  84 u32 mode (plugin): 0 dormant, 1 active
- *    88  u64 ps per DRAM miss           96 u32 offset of the ROI table
- *   100  u32 ROI slots                 104 u64 ROI events recorded (beyond the
- *        slots they are counted, not kept)
- *   112  u32 activations               116 u32 markers ignored (dormant)
- *   120  u32 store misses: 0 read for ownership (the line is fetched),
- *        1 written to the device's write log without a fetch (SkyByte's W designs)
- *   124  reserved
- * The platform may rewrite insn_ps, dram_ps and the store-miss mode while
- * dormant; the plugin reads them when it activates.
- *   window slot i, 64 bytes at window_offset + 64 i:
- *     0 base  8 size  16 loads  24 stores  32 lines touched
- *     40 flags: 0 published, 2 accepted (counting), 1 rejected (message on stderr)
- *     48 DPA of base
- *   vCPU slot i, 128 bytes at vcpu_offset + 128 i (u64 each):
- *     0 instructions  8 memory accesses  16 MMIO accesses  24 CXL loads  32 CXL stores
- *     40 LLC hits DRAM  48 LLC hits CXL  56 LLC misses DRAM  64 LLC misses CXL
- *     72 write-backs DRAM  80 write-backs CXL
- *     88 device reads  96 device writes  104 device requests dropped
- *    112 local clock (ps): instructions x insn_ps + DRAM miss stalls, while active
- *   ROI event i, 128 bytes at roi_offset + 128 i:
- *     0 u32 marker code (cmd << 16 | id)  4 u16 vCPU  6 u16 reserved
- *     8 u64 local clock (ps)  16.. the vCPU's 14 counters above (insns .. dropped)
- * A publisher (the platform) fills slot n's base, size and DPA, THEN stores
- * n + 1 into the published count; the plugin picks new windows up on the next
- * access. Every counter is monotonic and written with single aligned 64-bit
- * stores, so a reader never sees a torn value (but a snapshot of several
- * counters is not atomic). The instruction count of a vCPU is refreshed on
- * each of its memory accesses, when it goes idle and at exit.
+ * The shared files' layouts (counters: header, window slots, vCPU slots, ROI events;
+ * the ring: header and request records; the pv page) and the marker commands are in
+ * abi/cxlssd_abi.h, shared with the firmware's readers (abi/protocol.py) and the
+ * guest runtime; docs/plugin.md explains each field. The protocol around them:
  *
- * Ring layout, version 1 (ring=PATH; cxlssd/platform/plugin/ring.py reads it):
- *     0 u64 magic "CXLSSDRQ" (written last)   8 u32 version (1)  12 u32 header bytes (256)
- *    16 u32 record bytes (24)   20 u32 capacity (records, power of 2)
- *    24 u64 file bytes          32 u64 QEMU pid   40 u64 ps per instruction
- *    48 u64 timeout ns          56 u32 producer state: 1 running, 2 exited,
- *                                  3 consumer gone, 4 consumer stalled (timeout)
- *    64 u64 head (records ever published)  72 u64 dropped  80 u64 full waits
- *    88 u64 ns spent waiting on a full ring               (producer's cache line)
- *   128 u64 tail (records ever consumed)  136 u32 consumer state: 0 none,
- *       1 attached, 2 detached   144 u64 consumer pid     (consumer's cache line)
- *   256 records: capacity x 24 bytes, record k at 256 + 24 (k mod capacity):
- *       u64 time_ns, u64 DPA, u16 vcpu, u16 size (64), u8 op (0 read, 1 write),
- *       u8 flags (2 = posted, on write-backs), u16 reserved (0)
- *       == cxlssd.firmware.request.REQUEST_DTYPE; time_ns = the local clock.
- *       A marker record has op 4, flags = cmd, size 0 and
- *       addr = ROI event index << 16 | ROI id.
- * The producer writes a record, then stores head + 1 (release); the consumer
- * reads records [tail, head), then stores the new tail (release). Requests are
- * only queued while a consumer is attached; otherwise they are counted as
- * dropped. A full ring stalls the guest (spin, then short sleeps) until the
- * consumer frees space; if the consumer's process is gone or it detaches the
- * plugin stops at once, and after ring_timeout_ms without progress it gives
- * up; either way it sets the producer state (3 or 4), drops that request and
- * every later one (counted) and never waits again.
+ * Counters: the magic is written last (the file is ready when it is there). The
+ * platform may rewrite insn_ps, dram_ps and the store-miss mode while dormant; the
+ * plugin reads them when it activates. A publisher (the platform) fills window slot
+ * n's base, size and DPA, THEN stores n + 1 into the published count; the plugin
+ * picks new windows up on the next access. Every counter is monotonic and written
+ * with single aligned 64-bit stores, so a reader never sees a torn value (but a
+ * snapshot of several counters is not atomic). The instruction count of a vCPU is
+ * refreshed on each of its memory accesses, when it goes idle and at exit.
+ *
+ * Ring: record time_ns = the local clock; a write-back is flagged posted; a marker
+ * record has op MARKER, flags = cmd, size 0 and addr = ROI event index << 16 | ROI id
+ * (or the guest's arg0). The producer writes a record, then stores head + 1
+ * (release); the consumer reads records [tail, head), then stores the new tail
+ * (release). Requests are only queued while a consumer is attached; otherwise they
+ * are counted as dropped. A full ring stalls the guest (spin, then short sleeps)
+ * until the consumer frees space; if the consumer's process is gone or it detaches
+ * the plugin stops at once, and after ring_timeout_ms without progress it gives up;
+ * either way it sets the producer state (consumer gone or stalled), drops that
+ * request and every later one (counted) and never waits again.
  */
 #define _GNU_SOURCE
 #include <errno.h>
