@@ -53,8 +53,8 @@ STATE_NAMES = {
 }
 
 # u64 and u32 word indices in the header
-_W_FILE_BYTES, _W_QEMU_PID, _W_INSN_PS, _W_TIMEOUT = (
-    word(RING_HEADER_DTYPE, name) for name in ("file_bytes", "qemu_pid", "insn_ps", "timeout_ns")
+_W_QEMU_PID, _W_INSN_PS, _W_TIMEOUT = (
+    word(RING_HEADER_DTYPE, name) for name in ("qemu_pid", "insn_ps", "timeout_ns")
 )
 _W_HEAD, _W_DROPPED, _W_FULL_WAITS, _W_WAIT_NS = (
     word(RING_HEADER_DTYPE, name) for name in ("head", "dropped", "full_waits", "wait_ns")

@@ -355,8 +355,8 @@ def test_install_copies_the_tree_with_its_modes(
         files = sorted(str(p.relative_to(installed)) for p in installed.rglob("*") if p.is_file())
         workloads = [f"bin/{name}" for name in build.WORKLOADS]
         assert files == sorted(
-            ["bin/chase", "bin/cxlssd-promote", *workloads, "include/cxlssd.h", "include/cxlssd_abi.h",
-             "lib/libcxlssd.so", "python/cxlssd_guest.py", "python/netkv.py"]
+            ["bin/chase", "bin/cxlssd-promote", "bin/shapes", *workloads, "include/cxlssd.h",
+             "include/cxlssd_abi.h", "lib/libcxlssd.so", "python/cxlssd_guest.py", "python/netkv.py"]
         )
         for name in files:
             assert (installed / name).read_bytes() == (runtime / name).read_bytes()
