@@ -8,6 +8,7 @@ import json
 import logging
 from pathlib import Path
 
+from cxlssd.abi.ring import RingError
 from cxlssd.errors import ConfigError, FirmwareError, InputError
 from cxlssd.firmware import bench
 from cxlssd.firmware.profile import available_profiles, load_profile, parse_size
@@ -16,7 +17,6 @@ from cxlssd.firmware.serve import serve
 from cxlssd.firmware.synth import PATTERNS, SynthSpec, generate
 from cxlssd.firmware.trace import TraceReader, TraceWriter
 from cxlssd.paths import check_writable_output
-from cxlssd.platform.plugin.ring import RingError
 
 log = logging.getLogger(__name__)
 

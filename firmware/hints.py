@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from cxlssd.abi.protocol import HINT_DEAD, HINT_NEED, MAX_HINT_PAGES
 from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.request import PAGE_BYTES, PAGE_SHIFT, Op, Source
 
@@ -51,11 +52,6 @@ log = logging.getLogger(__name__)
 
 #: the vCPU id the firmware's own hint reads are issued as (no guest vCPU has it)
 ENGINE_VCPU = 0xFFFF
-#: HINT kinds (bits 56..63 of the marker's argument)
-HINT_NEED = 1
-HINT_DEAD = 2
-#: the DEAD hint's pages are dropped; this many pages at most in one marker
-MAX_HINT_PAGES = 0xFFFF
 
 
 @dataclass(frozen=True)

@@ -36,11 +36,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cxlssd.abi.ring import RequestRing, RingError
 from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.stream import StreamServer
 from cxlssd.firmware.trace import TraceWriter
 from cxlssd.lifecycle import Lifecycle
-from cxlssd.platform.plugin.ring import RequestRing, RingError
 
 DEFAULT_CHUNK_RECORDS = 1 << 16
 IDLE_SLEEP_S = 0.0005

@@ -18,15 +18,13 @@ from typing import Any
 
 import yaml
 
+from cxlssd.abi.protocol import TASK_SCHEDULERS
 from cxlssd.errors import ConfigError
 from cxlssd.firmware.registry import suggest
 from cxlssd.firmware.request import LINES_PER_PAGE, PAGE_BYTES
 from cxlssd.yamlfile import read_yaml
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
-#: the guest runtime's task schedulers (guest/runtime/libcxlssd.c), in the order
-#: of their numbers in the paravirtual page
-TASK_SCHEDULERS = ("round-robin", "earliest-ready")
 BASE_PROFILE = "base-cssd"
 #: capacities that ``scale.capacity_divisor`` divides together (a scaled-down run)
 SCALED_CAPACITIES = ("ssd_dram.size_bytes", "write_log.size_bytes", "migration.host_capacity_bytes")

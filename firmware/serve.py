@@ -23,14 +23,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cxlssd.abi.counters import PluginCounters
+from cxlssd.abi.protocol import FEATURE_CONTEXT_SWITCH, FEATURE_PROMOTION
+from cxlssd.abi.pv import PvPage
 from cxlssd.errors import InputError
 from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.knobs import FirmwareKnob, KnobController, knob_from_dict, knob_to_dict
 from cxlssd.firmware.live import LiveDriver
 from cxlssd.firmware.live_switching import guest_driven
 from cxlssd.firmware.profile import Profile
-from cxlssd.platform.plugin.counters import PluginCounters
-from cxlssd.platform.plugin.pv import FEATURE_CONTEXT_SWITCH, FEATURE_PROMOTION, PvPage
 
 log = logging.getLogger(__name__)
 

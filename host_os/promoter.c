@@ -38,7 +38,6 @@
 #include "cxlssd.h"
 
 #define PAGE_SHIFT 12
-#define DEMOTE_BIT (1ull << 63)
 #define MPOL_MF_MOVE (1 << 1)
 #define PFN_MASK ((1ull << 55) - 1)
 #define PAGE_PRESENT (1ull << 63)
@@ -238,23 +237,24 @@ static void demote(uint64_t page)
  * child's exit is looked at between batches); returns how many there were. */
 static unsigned drain(volatile unsigned long long *pv)
 {
-    const volatile uint32_t *header = (const volatile uint32_t *)pv;
-    const uint32_t offset = header[8], entries = header[9];
-    volatile unsigned long long *box = pv + offset / 8;
-    const uint64_t head = box[0], tail = box[1];
+    const volatile struct cxlssd_pv_header *header = (const volatile struct cxlssd_pv_header *)pv;
+    const uint32_t entries = header->mailbox_entries;
+    volatile struct cxlssd_pv_mailbox *box =
+        (volatile struct cxlssd_pv_mailbox *)((volatile char *)pv + header->mailbox_offset);
+    const uint64_t head = box->head, tail = box->tail;
     uint64_t promotions[MAX_BATCH];
     unsigned n = 0, done = 0;
     D.scanned = 0;
     /* demotions first (they make room), promotions in one batch */
     for (uint64_t at = tail; at != head && done < MAX_BATCH; at++, done++) {
-        const uint64_t entry = box[8 + at % entries];
-        if (entry & DEMOTE_BIT)
-            demote(entry & ~DEMOTE_BIT);
+        const uint64_t entry = box->entries[at % entries];
+        if (entry & CXLSSD_PV_DEMOTE)
+            demote(entry & ~CXLSSD_PV_DEMOTE);
         else
             promotions[n++] = entry;
     }
     promote(promotions, n);
-    box[1] = tail + done;
+    box->tail = tail + done;
     return done;
 }
 

@@ -30,12 +30,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from cxlssd.abi.protocol import RING_ATTACHED
+from cxlssd.abi.ring import RequestRing, RingError
 from cxlssd.errors import ConfigError, FirmwareError
 from cxlssd.firmware.profile import Profile, load_profile, parse_override
 from cxlssd.guest.runtime.install import with_guest_env
 from cxlssd.lifecycle import Lifecycle, ProcessId, describe_exit
 from cxlssd.platform.config import format_size
-from cxlssd.platform.plugin.ring import ATTACHED, RequestRing, RingError
 
 if TYPE_CHECKING:
     from cxlssd.platform.machine import Platform
@@ -120,7 +121,7 @@ class FirmwareProcess:
             while True:
                 self.check()
                 status = observer.status()
-                if status.consumer_pid == self.pid and status.consumer_state == ATTACHED:
+                if status.consumer_pid == self.pid and status.consumer_state == RING_ATTACHED:
                     break
                 if time.monotonic() > deadline:
                     self.kill()

@@ -32,6 +32,9 @@ import paramiko
 from qemu.qmp import QMPError
 from qemu.qmp.legacy import QEMUMonitorProtocol
 
+from cxlssd.abi.counters import PluginCounters
+from cxlssd.abi.protocol import PV_BYTES
+from cxlssd.abi.pv import create_page
 from cxlssd.errors import FirmwareError, GuestError, GuestTimeout, PrerequisiteError
 from cxlssd.guest.image import GuestImage, ensure_image
 from cxlssd.guest.runtime.build import ensure_runtime
@@ -42,9 +45,6 @@ from cxlssd.platform.config import PlatformConfig, format_size
 from cxlssd.platform.kvm import probe_kvm
 from cxlssd.platform.live import LiveSession
 from cxlssd.platform.plugin.build import ensure_plugin
-from cxlssd.platform.plugin.counters import PluginCounters
-from cxlssd.platform.plugin.pv import PAGE_BYTES as PV_PAGE_BYTES
-from cxlssd.platform.plugin.pv import create_page
 from cxlssd.platform.qemu import LaunchFiles, QemuBinary, check_qemu, forwarded_ssh_port, qemu_argv
 from cxlssd.platform.ssh import GuestSSH, InstanceKeys, wait_for_banner
 
@@ -83,7 +83,7 @@ class PluginFiles:
         ]
         return [
             "-plugin", ",".join(options),
-            "-object", f"memory-backend-file,id=cxlssd-pv,share=on,mem-path={self.pv},size={PV_PAGE_BYTES}",
+            "-object", f"memory-backend-file,id=cxlssd-pv,share=on,mem-path={self.pv},size={PV_BYTES}",
             "-device", "ivshmem-plain,memdev=cxlssd-pv,bus=pcie.0",
         ]
 

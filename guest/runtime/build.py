@@ -7,7 +7,7 @@ with the Python wrapper and the C header, as the tree that
 
     cache_dir()/guest-runtime/<hash>/
         bin/chase  bin/{graph,radix,srad,kvstore,dlrm}
-        lib/libcxlssd.so  python/cxlssd_guest.py  include/cxlssd.h
+        lib/libcxlssd.so  python/cxlssd_guest.py  include/cxlssd.h  include/cxlssd_abi.h
 
 The hash covers the sources, the build steps (outputs, flags) and the compiler
 name (:mod:`cxlssd.cbuild`). Binaries are built for the baseline x86-64 (no
@@ -31,6 +31,8 @@ CACHE_KIND = "guest-runtime"
 PURPOSE = "the guest runtime"
 CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror", "-std=gnu11")
 HEADER = "cxlssd.h"
+# The protocol's header (abi/cxlssd_abi.h), which cxlssd.h includes.
+ABI_HEADER = "../../abi/cxlssd_abi.h"
 LIBRARY_SOURCE = "libcxlssd.c"
 CHASE_SOURCE = "chase.c"
 SHAPES_SOURCE = "shapes.c"
@@ -81,10 +83,16 @@ STEPS = (
 )
 # Files installed as they are: tree path -> source name.
 NETKV = f"{WORKLOAD_SOURCES}/netkv.py"  # the network workload (python3 -m netkv)
-COPIES = {"include/cxlssd.h": HEADER, "python/cxlssd_guest.py": PYTHON_WRAPPER, "python/netkv.py": NETKV}
-# Everything the build reads; the header is included by every C source, common.h by the workloads.
+COPIES = {
+    "include/cxlssd.h": HEADER,
+    "include/cxlssd_abi.h": ABI_HEADER,
+    "python/cxlssd_guest.py": PYTHON_WRAPPER,
+    "python/netkv.py": NETKV,
+}
+# Everything the build reads; the headers are included by every C source, common.h by the workloads.
 INPUTS = (
     HEADER,
+    ABI_HEADER,
     LIBRARY_SOURCE,
     CHASE_SOURCE,
     SHAPES_SOURCE,
@@ -120,8 +128,9 @@ def _populate(tree: Path) -> None:
         output = tree / step.output
         sources = [str(SOURCE_DIR / name) for name in step.sources]
         libraries = [f"-l{name}" for name in step.libraries]
-        # -I: the workloads include cxlssd.h from here (not part of the key: where the sources are).
-        flags = [*CFLAGS, *step.flags, "-I", str(SOURCE_DIR)]
+        # -I: the workloads include cxlssd.h from here, which includes cxlssd_abi.h from abi/
+        # (not part of the key: where the sources are).
+        flags = [*CFLAGS, *step.flags, "-I", str(SOURCE_DIR), "-I", str((SOURCE_DIR / ABI_HEADER).parent)]
         compile_c([compiler, *flags, "-o", str(output), *sources, *libraries], PURPOSE)
         output.chmod(EXECUTABLE_MODE)
     for output_name, source_name in COPIES.items():

@@ -21,36 +21,13 @@
 #error "cxlssd ROI markers are x86-64 instructions"
 #endif
 
-#define CXLSSD_MARKER_MAGIC 0xC5000000u
-#define CXLSSD_CMD_ROI_BEGIN 1u
-#define CXLSSD_CMD_ROI_END 2u
-#define CXLSSD_CMD_CLOCK 3u
-#define CXLSSD_CMD_QUERY 4u          /* the next access is a long-delay query */
-#define CXLSSD_CMD_SWITCH 5u         /* the task runtime switched tasks */
-#define CXLSSD_CMD_RESUME 6u         /* a task resumes: its ticket in the pv slot's arg0 */
-#define CXLSSD_CMD_PROMOTED 7u       /* promotion reports of host_os/promoter: arg0 device */
-#define CXLSSD_CMD_DEMOTED 8u        /*   page, arg1 the page's physical address in RAM */
-#define CXLSSD_CMD_PROMOTE_FAILED 9u
-#define CXLSSD_CMD_XFER_BEGIN 10u    /* transfer engine (docs/offload.md): arg0 ticket << 1 | to device */
-#define CXLSSD_CMD_XFER_END 11u      /*   arg0 the ticket */
-#define CXLSSD_CMD_XFER_WAIT 12u     /*   arg0 the ticket */
-#define CXLSSD_CMD_HINT 13u          /* lifetime hint: arg0 kind << 56 | op << 48 | pages << 32 | page */
-#define CXLSSD_HINT_NEED 1u          /* the tensor is used at op `op`: bring it into SSD DRAM */
-#define CXLSSD_HINT_DEAD 2u          /* its value is dead after op `op`: drop it, no write-back */
-/* Features of the attached firmware's design (cxlssd_features()). */
-#define CXLSSD_FEATURE_CONTEXT_SWITCH 1u
-#define CXLSSD_FEATURE_PROMOTION 2u
+/* The marker commands (CXLSSD_CMD_*), hint kinds, features and the pv page's layout:
+ * the protocol's header, shipped beside this one. */
+#include "cxlssd_abi.h"
+
 #define CXLSSD_MAX_CONST_ID 65535u
 /* cxlssd_roi_begin/end accept ids below this. */
 #define CXLSSD_RUNTIME_IDS 256u
-
-#define CXLSSD_MARKER_DISP(cmd, id) (CXLSSD_MARKER_MAGIC | ((cmd) << 16) | (id))
-
-#ifdef __cplusplus
-#define CXLSSD_STATIC_ASSERT_ static_assert
-#else
-#define CXLSSD_STATIC_ASSERT_ _Static_assert
-#endif
 
 /*
  * Emit one marker. The "memory" clobber stops the compiler from moving loads
@@ -59,8 +36,8 @@
  */
 #define CXLSSD_MARKER(cmd, id)                                                             \
     do {                                                                                   \
-        CXLSSD_STATIC_ASSERT_((unsigned long long)(id) <= CXLSSD_MAX_CONST_ID,               \
-                              "cxlssd ROI id must be a constant 0..65535");                \
+        CXLSSD_ABI_ASSERT_((unsigned long long)(id) <= CXLSSD_MAX_CONST_ID,                  \
+                           "cxlssd ROI id must be a constant 0..65535");                   \
         __asm__ volatile(".byte 0x0f,0x1f,0x84,0x00\n\t.long %c0" ::"i"(                   \
                              CXLSSD_MARKER_DISP((cmd), (unsigned)(id)))                    \
                          : "memory");                                                      \

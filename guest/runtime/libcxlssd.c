@@ -56,15 +56,10 @@ MARKER_FUNCTION(cxlssd_roi_end, CXLSSD_CMD_ROI_END)
 
 /* ---- the paravirtual page ---------------------------------------------------
  * The platform exposes one page as the BAR 2 of an ivshmem-plain device
- * (PCI 1af4:1110): a 64-byte header (u64 magic "CXLSSDPV", u32 version, u32
- * slots, u32 slot offset, u32 slot bytes, u32 features, u32 scheduler, u32
- * mailbox offset, u32 mailbox entries), then one slot per vCPU: u64 clock_ns,
- * u64 seq, u64 query_ready_ns, u64 query_long, u64 query_ticket, u64 arg0, u64
- * arg1 (platform/plugin/pv.py has the whole layout). The clock marker makes the
- * plugin wait until the firmware has written the vCPU's clock there; a query
- * marker, until it has answered the load that follows. */
-#define PV_MAGIC 0x56504453534c5843ULL
-#define PV_BYTES 4096u
+ * (PCI 1af4:1110): a header, then one slot per vCPU, then the promotion mailbox
+ * (struct cxlssd_pv_header, cxlssd_pv_slot, cxlssd_pv_mailbox in cxlssd_abi.h).
+ * The clock marker makes the plugin wait until the firmware has written the
+ * vCPU's clock there; a query marker, until it has answered the load that follows. */
 
 static volatile uint64_t *pv_page;
 
@@ -104,15 +99,15 @@ static volatile uint64_t *map_pv_page(void)
         if (fd < 0) {
             continue;
         }
-        void *map = mmap(NULL, PV_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        void *map = mmap(NULL, CXLSSD_PV_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         close(fd);
         if (map == MAP_FAILED) {
             continue;
         }
-        if (((volatile uint64_t *)map)[0] == PV_MAGIC) {
+        if (((volatile uint64_t *)map)[0] == CXLSSD_PV_MAGIC) {
             found = map;
         } else {
-            munmap(map, PV_BYTES);
+            munmap(map, CXLSSD_PV_BYTES);
         }
     }
     closedir(devices);
@@ -130,22 +125,27 @@ volatile unsigned long long *cxlssd_pv_page(void)
     return (volatile unsigned long long *)pv_page;
 }
 
-/* The calling vCPU's slot (u64 words), or NULL with errno set. */
-static volatile uint64_t *pv_slot(void)
+/* The page's header (the page must be mapped). */
+static const volatile struct cxlssd_pv_header *pv_header(void)
+{
+    return (const volatile struct cxlssd_pv_header *)pv_page;
+}
+
+/* The calling vCPU's slot, or NULL with errno set. */
+static volatile struct cxlssd_pv_slot *pv_slot(void)
 {
     if (cxlssd_pv_page() == NULL) {
         return NULL;
     }
-    const volatile uint32_t *header = (const volatile uint32_t *)pv_page;
+    const volatile struct cxlssd_pv_header *header = pv_header();
     unsigned cpu = (unsigned)sched_getcpu();
-    if (cpu >= header[3]) {
+    if (cpu >= header->slots) {
         errno = ERANGE;
         return NULL;
     }
-    return pv_page + (header[4] + cpu * header[5]) / 8;
+    return (volatile struct cxlssd_pv_slot *)((volatile char *)pv_page + header->slot_offset +
+                                              cpu * header->slot_bytes);
 }
-
-enum { SLOT_CLOCK, SLOT_SEQ, SLOT_QUERY_READY, SLOT_QUERY_LONG, SLOT_QUERY_TICKET, SLOT_ARG0, SLOT_ARG1 };
 
 unsigned long long cxlssd_clock_ns(void)
 {
@@ -153,8 +153,8 @@ unsigned long long cxlssd_clock_ns(void)
         return 0;
     }
     CXLSSD_MARKER(CXLSSD_CMD_CLOCK, 0);
-    volatile uint64_t *slot = pv_slot();
-    return slot == NULL ? 0 : slot[SLOT_CLOCK];
+    volatile struct cxlssd_pv_slot *slot = pv_slot();
+    return slot == NULL ? 0 : slot->clock_ns;
 }
 
 unsigned cxlssd_features(void)
@@ -162,22 +162,22 @@ unsigned cxlssd_features(void)
     if (cxlssd_pv_page() == NULL) {
         return 0;
     }
-    return ((const volatile uint32_t *)pv_page)[6];
+    return pv_header()->features;
 }
 
 static unsigned scheduler_number(void)
 {
-    return pv_page == NULL ? 0 : ((const volatile uint32_t *)pv_page)[7];
+    return pv_page == NULL ? 0 : pv_header()->scheduler;
 }
 
 int cxlssd_report(unsigned cmd, unsigned long long arg0, unsigned long long arg1)
 {
-    volatile uint64_t *slot = pv_slot();
+    volatile struct cxlssd_pv_slot *slot = pv_slot();
     if (slot == NULL) {
         return -1;
     }
-    slot[SLOT_ARG0] = arg0;
-    slot[SLOT_ARG1] = arg1;
+    slot->arg0 = arg0;
+    slot->arg1 = arg1;
     switch (cmd) {
     case CXLSSD_CMD_PROMOTED:
         CXLSSD_MARKER(CXLSSD_CMD_PROMOTED, 0);
@@ -380,7 +380,6 @@ int cxlssd_transfer_wait(unsigned long long ticket)
     return cxlssd_report(CXLSSD_CMD_XFER_WAIT, ticket, 0);
 }
 
-#define HINT_MAX_PAGES 0xffffull
 
 /* One HINT marker for device pages [first, first + pages). */
 static int hint_run(unsigned kind, unsigned op, uint64_t first, uint64_t pages)
@@ -419,7 +418,7 @@ long cxlssd_hint(unsigned kind, unsigned op, const void *addr, unsigned long byt
                 continue; /* not on the device */
             }
             const uint64_t page = (pa - base) >> 12;
-            if (run_pages > 0 && (page != run_first + run_pages || run_pages == HINT_MAX_PAGES)) {
+            if (run_pages > 0 && (page != run_first + run_pages || run_pages == CXLSSD_MAX_HINT_PAGES)) {
                 if (hint_run(kind, op, run_first, run_pages) != 0) {
                     named = -1;
                     break;
@@ -446,13 +445,13 @@ int cxlssd_settle(unsigned timeout_ms)
     if (!(cxlssd_features() & CXLSSD_FEATURE_PROMOTION)) {
         return 0;
     }
-    const volatile uint32_t *header = (const volatile uint32_t *)pv_page;
-    const volatile uint64_t *box = pv_page + header[8] / 8;
+    const volatile struct cxlssd_pv_mailbox *box =
+        (const volatile struct cxlssd_pv_mailbox *)((const volatile char *)pv_page + pv_header()->mailbox_offset);
     const struct timespec pause = {.tv_sec = 0, .tv_nsec = 1000000};
     unsigned quiet = 0;
     for (unsigned waited_ms = 0; waited_ms < timeout_ms; waited_ms++) {
         /* empty twice in a row, 1 ms apart: nothing in flight either */
-        quiet = box[0] == box[1] ? quiet + 1 : 0;
+        quiet = box->head == box->tail ? quiet + 1 : 0;
         if (quiet == 2) {
             return 0;
         }
@@ -477,8 +476,6 @@ __asm__(".text\n"
 void cxlssd_stack_switch(void **save_sp, void *load_sp);
 
 #define TASK_STACK_BYTES (256u << 10)
-#define SCHEDULER_ROUND_ROBIN 0u
-#define SCHEDULER_EARLIEST_READY 1u
 
 struct task {
     void *sp;
@@ -514,7 +511,7 @@ static unsigned next_task(void)
         if (T.tasks[i].done) {
             continue;
         }
-        if (T.scheduler == SCHEDULER_ROUND_ROBIN) {
+        if (T.scheduler == CXLSSD_SCHEDULER_ROUND_ROBIN) {
             return i;
         }
         if (best == T.n || T.tasks[i].ready_ns < T.tasks[best].ready_ns) {
@@ -602,7 +599,7 @@ void cxlssd_await(const volatile void *p)
     if (!T.switching || T.left < 2) {
         return;
     }
-    volatile uint64_t *slot = pv_slot();
+    volatile struct cxlssd_pv_slot *slot = pv_slot();
     if (slot == NULL) {
         return;
     }
@@ -613,17 +610,17 @@ void cxlssd_await(const volatile void *p)
                      : "i"(CXLSSD_MARKER_DISP(CXLSSD_CMD_QUERY, 0u)), "r"(p)
                      : "memory");
     (void)value;
-    if (!slot[SLOT_QUERY_LONG]) {
+    if (!slot->query_long) {
         return;
     }
     struct task *self = &T.tasks[T.current];
-    self->ticket = slot[SLOT_QUERY_TICKET];
-    self->ready_ns = slot[SLOT_QUERY_READY];
+    self->ticket = slot->query_ticket;
+    self->ready_ns = slot->query_ready_ns;
     T.switches++;
     switch_to(next_task());
     /* Running again (or never left: no other task could run). */
     slot = pv_slot();
-    slot[SLOT_ARG0] = self->ticket;
+    slot->arg0 = self->ticket;
     CXLSSD_MARKER(CXLSSD_CMD_RESUME, 0);
     self->ticket = 0;
     self->ready_ns = 0;

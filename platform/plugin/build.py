@@ -2,21 +2,22 @@
 
 The plugin is compiled against the project's own declarations of the QEMU
 plugin API (``qemu_plugin_api.h``), not QEMU's header (no Debian package ships
-it). The output goes to ``cache_dir()/plugin/<hash>/libcxlssd.so`` where the
-hash covers the sources and the compiler flags (:mod:`cxlssd.cbuild`), so a
-changed source or flag builds a new plugin and an unchanged one is reused
-without running gcc (a cached plugin needs no compiler).
+it), and the protocol's header (``abi/cxlssd_abi.h``). The output goes to
+``cache_dir()/plugin/<hash>/libcxlssd.so`` where the hash covers the sources
+and the compiler flags (:mod:`cxlssd.cbuild`), so a changed source or flag
+builds a new plugin and an unchanged one is reused without running gcc (a cached plugin needs no compiler).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from cxlssd.abi.protocol import C_HEADER
 from cxlssd.cbuild import cached_build, compile_c, compiler_name, content_hash, find_compiler
 from cxlssd.paths import cache_dir
 
 PLUGIN_DIR = Path(__file__).resolve().parent
-SOURCES = (PLUGIN_DIR / "cxlssd_plugin.c", PLUGIN_DIR / "qemu_plugin_api.h")
+SOURCES = (PLUGIN_DIR / "cxlssd_plugin.c", PLUGIN_DIR / "qemu_plugin_api.h", C_HEADER)
 MAIN_SOURCE = SOURCES[0]
 LIBRARY_NAME = "libcxlssd.so"
 CACHE_KIND = "plugin"
@@ -53,6 +54,17 @@ def ensure_plugin() -> Path:
 
     def compile_into(tree: Path) -> None:
         output = tree / LIBRARY_NAME
-        compile_c([find_compiler(PURPOSE), *CFLAGS, "-o", str(output), str(MAIN_SOURCE)], PURPOSE)
+        compile_c(
+            [
+                find_compiler(PURPOSE),
+                *CFLAGS,
+                "-I",
+                str(C_HEADER.parent),
+                "-o",
+                str(output),
+                str(MAIN_SOURCE),
+            ],
+            PURPOSE,
+        )
 
     return cached_build(CACHE_KIND, source_hash(), compile_into) / LIBRARY_NAME

@@ -53,78 +53,35 @@
  *   mode=active|dormant start mode (default active)
  *   pv=PATH             the paravirtual clock page: an existing file of at least
  *                       4096 bytes (also the guest's ivshmem memdev); the plugin
- *                       writes its header, the firmware the clocks. Layout: header
- *                       (64 bytes: u64 magic "CXLSSDPV", u32 version 1, u32 slots,
- *                       u32 slot offset 64, u32 slot bytes 64), then per vCPU
- *                       {u64 clock_ns, u64 seq}: the answer to the vCPU's seq-th
- *                       clock read (clock 0: no firmware attached)
+ *                       writes its header, the firmware the answers (clock 0: no
+ *                       firmware attached)
  * Any other argument, a malformed value or a repeated key makes loading fail
  * with a message on stderr (QEMU then refuses to start).
  *
- * Shared counters layout, version 3 (all little-endian, fixed offsets; docs/plugin.md):
- *   header, 128 bytes at offset 0:
- *     0  u64 magic "CXLSSDPC" (written last: the file is ready when it is there)
- *     8  u32 layout version (2)         12 u32 header bytes (128)
- *    16  u32 vCPU slots                 20 u32 window slots (8)
- *    24  u32 offset of the window table 28 u32 offset of the vCPU table
- *    32  u32 published windows (n)      36 u32 state: 1 running, 2 exited
- *    40  u64 file bytes                 48 u64 QEMU pid
- *    56  u32 vCPU slot bytes (128)      60 u32 LLC ways
- *    64  u64 LLC bytes                  72 u64 ps per instruction
- *    80  u32 requested mode (platform)  84 u32 mode (plugin): 0 dormant, 1 active
- *    88  u64 ps per DRAM miss           96 u32 offset of the ROI table
- *   100  u32 ROI slots                 104 u64 ROI events recorded (beyond the
- *        slots they are counted, not kept)
- *   112  u32 activations               116 u32 markers ignored (dormant)
- *   120  u32 store misses: 0 read for ownership (the line is fetched),
- *        1 written to the device's write log without a fetch (SkyByte's W designs)
- *   124  reserved
- * The platform may rewrite insn_ps, dram_ps and the store-miss mode while
- * dormant; the plugin reads them when it activates.
- *   window slot i, 64 bytes at window_offset + 64 i:
- *     0 base  8 size  16 loads  24 stores  32 lines touched
- *     40 flags: 0 published, 2 accepted (counting), 1 rejected (message on stderr)
- *     48 DPA of base
- *   vCPU slot i, 128 bytes at vcpu_offset + 128 i (u64 each):
- *     0 instructions  8 memory accesses  16 MMIO accesses  24 CXL loads  32 CXL stores
- *     40 LLC hits DRAM  48 LLC hits CXL  56 LLC misses DRAM  64 LLC misses CXL
- *     72 write-backs DRAM  80 write-backs CXL
- *     88 device reads  96 device writes  104 device requests dropped
- *    112 local clock (ps): instructions x insn_ps + DRAM miss stalls, while active
- *   ROI event i, 128 bytes at roi_offset + 128 i:
- *     0 u32 marker code (cmd << 16 | id)  4 u16 vCPU  6 u16 reserved
- *     8 u64 local clock (ps)  16.. the vCPU's 14 counters above (insns .. dropped)
- * A publisher (the platform) fills slot n's base, size and DPA, THEN stores
- * n + 1 into the published count; the plugin picks new windows up on the next
- * access. Every counter is monotonic and written with single aligned 64-bit
- * stores, so a reader never sees a torn value (but a snapshot of several
- * counters is not atomic). The instruction count of a vCPU is refreshed on
- * each of its memory accesses, when it goes idle and at exit.
+ * The shared files' layouts (counters: header, window slots, vCPU slots, ROI events;
+ * the ring: header and request records; the pv page) and the marker commands are in
+ * abi/cxlssd_abi.h, shared with the firmware's readers (abi/protocol.py) and the
+ * guest runtime; docs/plugin.md explains each field. The protocol around them:
  *
- * Ring layout, version 1 (ring=PATH; cxlssd/platform/plugin/ring.py reads it):
- *     0 u64 magic "CXLSSDRQ" (written last)   8 u32 version (1)  12 u32 header bytes (256)
- *    16 u32 record bytes (24)   20 u32 capacity (records, power of 2)
- *    24 u64 file bytes          32 u64 QEMU pid   40 u64 ps per instruction
- *    48 u64 timeout ns          56 u32 producer state: 1 running, 2 exited,
- *                                  3 consumer gone, 4 consumer stalled (timeout)
- *    64 u64 head (records ever published)  72 u64 dropped  80 u64 full waits
- *    88 u64 ns spent waiting on a full ring               (producer's cache line)
- *   128 u64 tail (records ever consumed)  136 u32 consumer state: 0 none,
- *       1 attached, 2 detached   144 u64 consumer pid     (consumer's cache line)
- *   256 records: capacity x 24 bytes, record k at 256 + 24 (k mod capacity):
- *       u64 time_ns, u64 DPA, u16 vcpu, u16 size (64), u8 op (0 read, 1 write),
- *       u8 flags (2 = posted, on write-backs), u16 reserved (0)
- *       == cxlssd.firmware.request.REQUEST_DTYPE; time_ns = the local clock.
- *       A marker record has op 4, flags = cmd, size 0 and
- *       addr = ROI event index << 16 | ROI id.
- * The producer writes a record, then stores head + 1 (release); the consumer
- * reads records [tail, head), then stores the new tail (release). Requests are
- * only queued while a consumer is attached; otherwise they are counted as
- * dropped. A full ring stalls the guest (spin, then short sleeps) until the
- * consumer frees space; if the consumer's process is gone or it detaches the
- * plugin stops at once, and after ring_timeout_ms without progress it gives
- * up; either way it sets the producer state (3 or 4), drops that request and
- * every later one (counted) and never waits again.
+ * Counters: the magic is written last (the file is ready when it is there). The
+ * platform may rewrite insn_ps, dram_ps and the store-miss mode while dormant; the
+ * plugin reads them when it activates. A publisher (the platform) fills window slot
+ * n's base, size and DPA, THEN stores n + 1 into the published count; the plugin
+ * picks new windows up on the next access. Every counter is monotonic and written
+ * with single aligned 64-bit stores, so a reader never sees a torn value (but a
+ * snapshot of several counters is not atomic). The instruction count of a vCPU is
+ * refreshed on each of its memory accesses, when it goes idle and at exit.
+ *
+ * Ring: record time_ns = the local clock; a write-back is flagged posted; a marker
+ * record has op MARKER, flags = cmd, size 0 and addr = ROI event index << 16 | ROI id
+ * (or the guest's arg0). The producer writes a record, then stores head + 1
+ * (release); the consumer reads records [tail, head), then stores the new tail
+ * (release). Requests are only queued while a consumer is attached; otherwise they
+ * are counted as dropped. A full ring stalls the guest (spin, then short sleeps)
+ * until the consumer frees space; if the consumer's process is gone or it detaches
+ * the plugin stops at once, and after ring_timeout_ms without progress it gives up;
+ * either way it sets the producer state (consumer gone or stalled), drops that
+ * request and every later one (counted) and never waits again.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -140,69 +97,18 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cxlssd_abi.h"
 #include "qemu_plugin_api.h"
 
 CXLSSD_PLUGIN_EXPORT int qemu_plugin_version = CXLSSD_QEMU_PLUGIN_API_VERSION;
 
-#define MAGIC 0x43504453534c5843ULL      /* "CXLSSDPC" read as little-endian bytes */
-#define RING_MAGIC 0x51524453534c5843ULL /* "CXLSSDRQ" */
-#define LAYOUT_VERSION 3u
-#define RING_VERSION 1u
-#define MAX_WINDOWS 8u
-#define SLOT_BYTES 64u
-#define VCPU_SLOT_BYTES 128u
-#define HEADER_BYTES 128u
-#define RING_HEADER_BYTES 256u
-#define WINDOW_OFFSET HEADER_BYTES
-#define VCPU_OFFSET (WINDOW_OFFSET + MAX_WINDOWS * SLOT_BYTES)
 #define LINE_SHIFT 6 /* 64-byte lines */
 #define LINE_BYTES (1u << LINE_SHIFT)
 /* A window's line bitmap costs size/512 bytes of plugin memory (2 MiB per GiB). */
 #define MAX_WINDOW_BYTES (1ULL << 40)
-#define STATE_RUNNING 1u
-#define STATE_EXITED 2u
-#define RING_CONSUMER_GONE 3u
-#define RING_CONSUMER_STALLED 4u
-#define CONSUMER_ATTACHED 1u
-#define WINDOW_REJECTED 1u
-#define WINDOW_ACCEPTED 2u
-#define OP_READ 0u
-#define OP_WRITE 1u
-#define OP_MARKER 4u
-#define FLAG_POSTED 2u
-#define FLAG_QUERY 4u /* a long-delay query: the plugin waits for the firmware's answer */
-#define FLAG_HOST 8u  /* an LLC miss on a promoted page, served by host DRAM (counted, not charged) */
 #define QUERY_NONE 0u
 #define QUERY_ARMED 1u
 #define QUERY_SENT 2u
-#define MODE_DORMANT 0u
-#define MODE_ACTIVE 1u
-/* Marker: nopl disp32(%rax,%rax,1) = 0f 1f 84 00 + disp32, disp32 = 0xC5 << 24 | cmd << 16 | id. */
-#define MARKER_BYTES 8u
-#define MARKER_MAGIC 0xC5u
-#define CMD_ROI_BEGIN 1u
-#define CMD_ROI_END 2u
-#define CMD_CLOCK 3u
-#define CMD_QUERY 4u    /* the next access is a long-delay query */
-#define CMD_SWITCH 5u   /* the guest runtime switched to another task */
-#define CMD_RESUME 6u   /* resumes the task of ticket arg0 */
-#define CMD_PROMOTED 7u /* device page arg0 now lives in RAM at arg1 */
-#define CMD_DEMOTED 8u  /* device page arg0 left RAM (it was at arg1) */
-#define CMD_PROMOTE_FAILED 9u /* device page arg0 could not be promoted */
-#define CMD_XFER_BEGIN 10u    /* a page move the firmware's transfer engine accounts for */
-#define CMD_XFER_END 11u      /*   ... ends; arg0 the ticket (firmware/hints.py) */
-#define CMD_XFER_WAIT 12u     /* the vCPU needs transfer arg0's data */
-#define CMD_HINT 13u          /* a tensor's lifetime hint, encoded in arg0 */
-#define CMD_LAST CMD_HINT
-#define PV_MAGIC 0x56504453534c5843ULL /* "CXLSSDPV" */
-#define PV_VERSION 2u
-#define PV_MAILBOX_OFFSET 2048u /* firmware -> guest promotion decisions */
-#define PV_MAILBOX_HEADER 64u
-#define PV_HEADER_BYTES 64u
-#define PV_SLOT_BYTES 64u
-#define PV_MIN_BYTES 4096u
-#define ROI_SLOTS 4096u
-#define ROI_EVENT_BYTES 128u
 
 #define DEFAULT_LLC_BYTES (2ULL << 20)
 #define DEFAULT_LLC_WAYS 16u
@@ -214,114 +120,23 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_version = CXLSSD_QEMU_PLUGIN_API_VERSION;
 #define MAX_CLOCK_PS 1000000000ULL /* 1 ms per instruction or miss: surely a mistake */
 #define MAX_RAM_TOP (1ULL << 40) /* 1 TiB of guest RAM: a 1 GiB promoted-page table at most */
 
-struct header {
-    uint64_t magic;
-    uint32_t version, header_bytes;
-    uint32_t vcpu_slots, window_slots;
-    uint32_t window_offset, vcpu_offset;
-    uint32_t n_windows, state;
-    uint64_t file_bytes, qemu_pid;
-    uint32_t vcpu_slot_bytes, llc_ways;
-    uint64_t llc_bytes, insn_ps;
-    uint32_t requested_mode, mode;
-    uint64_t dram_ps;
-    uint32_t roi_offset, roi_slots;
-    uint64_t roi_events;
-    uint32_t activations, markers_ignored;
-    uint32_t store_miss_write, reserved;
-};
-
-struct window_slot {
-    uint64_t base, size, loads, stores, lines_touched, flags, dpa_base, reserved;
-};
-
-/* One pair of cache lines per vCPU: each is written only by its own vCPU
- * thread, so the counters need no atomic read-modify-write. */
-struct vcpu_slot {
-    uint64_t insns, mem_accesses, io_accesses, cxl_loads, cxl_stores;
-    uint64_t llc_hits[2], llc_misses[2], writebacks[2]; /* [0] DRAM, [1] CXL */
-    uint64_t dev_reads, dev_writes, dev_dropped;
-    uint64_t local_ps;
-    uint64_t reserved;
-};
-
-#define N_VCPU_COUNTERS 14 /* insns .. dev_dropped: what the JSON and ROI events hold */
-
-struct pv_header {
-    uint64_t magic;
-    uint32_t version, slots, slot_offset, slot_bytes;
-    uint32_t features, scheduler; /* written by the attached firmware */
-    uint32_t mailbox_offset, mailbox_entries;
-    uint64_t reserved[3];
-};
-
-/* Per vCPU. The guest writes arg0/arg1 before a marker that takes arguments. */
-struct pv_slot {
-    uint64_t clock_ns, seq;                 /* the last clock read */
-    uint64_t query_ready_ns, query_long, query_ticket; /* the last long-delay query */
-    uint64_t arg0, arg1, reserved;
-};
-
-struct roi_event {
-    uint32_t code;
-    uint16_t vcpu, reserved;
-    uint64_t local_ps;
-    uint64_t counters[N_VCPU_COUNTERS];
-};
-
-struct ring_header {
-    uint64_t magic;
-    uint32_t version, header_bytes;
-    uint32_t record_bytes, capacity;
-    uint64_t file_bytes, qemu_pid, insn_ps, timeout_ns;
-    uint32_t producer_state, reserved0;
-    /* producer's cache line */
-    uint64_t head, dropped, full_waits, wait_ns, reserved1[4];
-    /* consumer's cache line */
-    uint64_t tail;
-    uint32_t consumer_state, reserved2;
-    uint64_t consumer_pid, reserved3[5];
-    uint64_t reserved4[8];
-};
-
-struct request {
-    uint64_t time_ns, addr;
-    uint16_t vcpu, size;
-    uint8_t op, flags;
-    uint16_t reserved;
-};
-
-_Static_assert(sizeof(struct header) == HEADER_BYTES, "header layout");
-_Static_assert(sizeof(struct window_slot) == SLOT_BYTES, "window slot layout");
-_Static_assert(sizeof(struct vcpu_slot) == VCPU_SLOT_BYTES, "vCPU slot layout");
-_Static_assert(sizeof(struct ring_header) == RING_HEADER_BYTES, "ring header layout");
-_Static_assert(offsetof(struct ring_header, head) == 64, "ring head offset");
-_Static_assert(offsetof(struct ring_header, tail) == 128, "ring tail offset");
-_Static_assert(sizeof(struct request) == 24, "request record = REQUEST_DTYPE");
-_Static_assert(sizeof(struct roi_event) == ROI_EVENT_BYTES, "ROI event layout");
-_Static_assert(sizeof(struct pv_header) == PV_HEADER_BYTES, "pv header layout");
-_Static_assert(sizeof(struct pv_slot) == PV_SLOT_BYTES, "pv slot layout");
-_Static_assert(offsetof(struct header, requested_mode) == 80, "header: mode request");
-_Static_assert(offsetof(struct header, roi_events) == 104, "header: ROI events");
-_Static_assert(offsetof(struct vcpu_slot, local_ps) == 8 * N_VCPU_COUNTERS, "vCPU slot: clock after counters");
-
 /* The plugin's private copy of a window, read on the hot path. */
 struct window {
     uint64_t base, size, dpa_base;
     uint64_t *lines; /* bitmap of touched lines, NULL if the window was rejected */
-    struct window_slot *slot;
+    struct cxlssd_window_slot *slot;
 };
 
 static struct {
     uint8_t *area; /* the counters: the shm mapping, or private memory without shm= */
     size_t area_bytes;
-    struct header *hdr;
-    struct window_slot *wslots;
-    struct vcpu_slot *vslots;
-    struct roi_event *roi;
+    struct cxlssd_counters_header *hdr;
+    struct cxlssd_window_slot *wslots;
+    struct cxlssd_vcpu_slot *vslots;
+    struct cxlssd_roi_event *roi;
     unsigned int n_vslots;
     uint64_t *last_insns; /* per vCPU: instructions already on its local clock */
-    struct pv_slot *pv;   /* the paravirtual clock page's slots (NULL without pv=) */
+    struct cxlssd_pv_slot *pv;   /* the paravirtual clock page's slots (NULL without pv=) */
     unsigned int n_pv;
     uint64_t *clock_seq;  /* per vCPU: clock reads so far */
     uint64_t *query_seq;  /* per vCPU: queries sent to the firmware so far */
@@ -333,7 +148,7 @@ static struct {
 
     /* Windows taken over from the table; only grows, under `lock`. The hot
      * path reads `n_known` (acquire) and then windows[0 .. n_known). */
-    struct window windows[MAX_WINDOWS];
+    struct window windows[CXLSSD_WINDOW_SLOTS];
     uint32_t n_known;
     /* Bounding range of all known windows: one compare rejects almost every
      * access (all of DRAM) before the per-window loop. */
@@ -351,8 +166,8 @@ static struct {
     int busy;
 
     /* Device-request ring (NULL without ring=). */
-    struct ring_header *ring;
-    struct request *records;
+    struct cxlssd_ring_header *ring;
+    struct cxlssd_request *records;
     uint64_t ring_mask, ring_head; /* private copy of head (single producer) */
     uint64_t timeout_ns, insn_ps, dram_ps;
     uint32_t store_miss_write; /* an LLC store miss to CXL memory is a log write, not a fetch */
@@ -386,8 +201,8 @@ static const char *window_problem(uint64_t base, uint64_t size, uint32_t upto)
         return "window too large";
     }
     for (uint32_t i = 0; i < upto; i++) {
-        const struct window_slot *w = &P.wslots[i];
-        if (!(LOAD_RELAXED(&w->flags) & WINDOW_REJECTED) && base < w->base + w->size &&
+        const struct cxlssd_window_slot *w = &P.wslots[i];
+        if (!(LOAD_RELAXED(&w->flags) & CXLSSD_WINDOW_REJECTED) && base < w->base + w->size &&
             w->base < base + size) {
             return "overlaps another window";
         }
@@ -401,11 +216,11 @@ static void adopt_windows(uint32_t published)
 {
     pthread_mutex_lock(&P.lock);
     uint32_t known = P.n_known;
-    if (published > MAX_WINDOWS) {
-        published = MAX_WINDOWS;
+    if (published > CXLSSD_WINDOW_SLOTS) {
+        published = CXLSSD_WINDOW_SLOTS;
     }
     for (uint32_t i = known; i < published; i++) {
-        struct window_slot *slot = &P.wslots[i];
+        struct cxlssd_window_slot *slot = &P.wslots[i];
         struct window *w = &P.windows[i];
         uint64_t base = LOAD_RELAXED(&slot->base), size = LOAD_RELAXED(&slot->size);
         const char *problem = window_problem(base, size, i);
@@ -419,14 +234,14 @@ static void adopt_windows(uint32_t published)
             snprintf(msg, sizeof msg, "cxlssd plugin: window %u [%#" PRIx64 " +%#" PRIx64 "] ignored: %s\n",
                      i, base, size, problem);
             fputs(msg, stderr);
-            STORE_RELAXED(&slot->flags, WINDOW_REJECTED);
+            STORE_RELAXED(&slot->flags, CXLSSD_WINDOW_REJECTED);
             w->base = w->size = 0;
             continue;
         }
         w->base = base;
         w->size = size;
         w->dpa_base = LOAD_RELAXED(&slot->dpa_base);
-        STORE_RELAXED(&slot->flags, WINDOW_ACCEPTED);
+        STORE_RELAXED(&slot->flags, CXLSSD_WINDOW_ACCEPTED);
     }
     /* Recompute the bounding range over the accepted windows. */
     uint64_t lo = UINT64_MAX, hi = 0;
@@ -481,7 +296,7 @@ static void touch_lines(struct window *w, uint64_t offset, unsigned int bytes)
 
 /* Bring vCPU's local clock up to `insns` instructions and return it (ps).
  * Only its own vCPU thread writes a slot's clock. */
-static inline uint64_t clock_at(unsigned int vcpu, struct vcpu_slot *s, uint64_t insns)
+static inline uint64_t clock_at(unsigned int vcpu, struct cxlssd_vcpu_slot *s, uint64_t insns)
 {
     uint64_t t = s->local_ps + (insns - P.last_insns[vcpu]) * P.insn_ps;
     P.last_insns[vcpu] = insns;
@@ -501,8 +316,8 @@ static uint64_t now_ns(void)
 static void give_up(uint32_t why)
 {
     static const char *const causes[] = {
-        [RING_CONSUMER_GONE] = "the firmware (ring consumer) is gone",
-        [RING_CONSUMER_STALLED] = "the firmware (ring consumer) made no progress within the timeout",
+        [CXLSSD_RING_CONSUMER_GONE] = "the firmware (ring consumer) is gone",
+        [CXLSSD_RING_CONSUMER_STALLED] = "the firmware (ring consumer) made no progress within the timeout",
     };
     P.ring_given_up = 1;
     __atomic_store_n(&P.ring->producer_state, why, __ATOMIC_RELEASE);
@@ -514,18 +329,18 @@ static void give_up(uint32_t why)
  * there and progressing. Returns 1 after giving up on it. */
 static int consumer_lost(uint64_t start, uint64_t spins)
 {
-    struct ring_header *r = P.ring;
+    struct cxlssd_ring_header *r = P.ring;
     struct timespec pause = {0, 20000};
     nanosleep(&pause, NULL);
     if ((spins & 63) == 0) {
         uint64_t pid = LOAD_RELAXED(&r->consumer_pid);
-        if (LOAD_RELAXED(&r->consumer_state) != CONSUMER_ATTACHED ||
+        if (LOAD_RELAXED(&r->consumer_state) != CXLSSD_RING_ATTACHED ||
             (pid != 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH)) {
-            give_up(RING_CONSUMER_GONE);
+            give_up(CXLSSD_RING_CONSUMER_GONE);
             return 1;
         }
         if (now_ns() - start > P.timeout_ns) {
-            give_up(RING_CONSUMER_STALLED);
+            give_up(CXLSSD_RING_CONSUMER_STALLED);
             return 1;
         }
     }
@@ -536,7 +351,7 @@ static int consumer_lost(uint64_t start, uint64_t spins)
  * gives up on the consumer (never to wait again) and returns -1. */
 static int ring_wait(void)
 {
-    struct ring_header *r = P.ring;
+    struct cxlssd_ring_header *r = P.ring;
     uint64_t start = now_ns(), spins = 0;
     __atomic_fetch_add(&r->full_waits, 1, __ATOMIC_RELAXED);
     for (;;) {
@@ -559,10 +374,10 @@ static int ring_wait(void)
 
 /* A free ring slot for one record, or NULL (the record is dropped: no
  * consumer, or it was given up on). */
-static struct request *ring_slot(void)
+static struct cxlssd_request *ring_slot(void)
 {
-    struct ring_header *r = P.ring;
-    if (P.ring_given_up || LOAD_RELAXED(&r->consumer_state) != CONSUMER_ATTACHED ||
+    struct cxlssd_ring_header *r = P.ring;
+    if (P.ring_given_up || LOAD_RELAXED(&r->consumer_state) != CXLSSD_RING_ATTACHED ||
         (P.ring_head - __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE) > P.ring_mask && ring_wait() != 0)) {
         __atomic_fetch_add(&r->dropped, 1, __ATOMIC_RELAXED);
         return NULL;
@@ -570,7 +385,7 @@ static struct request *ring_slot(void)
     return &P.records[P.ring_head & P.ring_mask];
 }
 
-static void ring_publish(struct request *rec, uint64_t time_ps, uint64_t addr, unsigned int vcpu, uint16_t size,
+static void ring_publish(struct cxlssd_request *rec, uint64_t time_ps, uint64_t addr, unsigned int vcpu, uint16_t size,
                          uint8_t op, uint8_t flags)
 {
     rec->time_ns = time_ps / 1000u;
@@ -579,32 +394,32 @@ static void ring_publish(struct request *rec, uint64_t time_ps, uint64_t addr, u
     rec->size = size;
     rec->op = op;
     rec->flags = flags;
-    rec->reserved = 0;
+    rec->thread = 0;
     P.ring_head++;
     __atomic_store_n(&P.ring->head, P.ring_head, __ATOMIC_RELEASE);
 }
 
 /* A request is issued at the vCPU's local clock; the firmware adds its latency
  * to the vCPU's stall unless it is posted (a write-back never stalls the vCPU). */
-static void device_request(unsigned int vcpu, struct vcpu_slot *s, const struct window *w, uint64_t line,
+static void device_request(unsigned int vcpu, struct cxlssd_vcpu_slot *s, const struct window *w, uint64_t line,
                            uint8_t op, int posted, uint64_t now_ps)
 {
-    if (op == OP_READ) {
-        BUMP(&s->dev_reads);
+    if (op == CXLSSD_OP_READ) {
+        BUMP(&s->device_reads);
     } else {
-        BUMP(&s->dev_writes);
+        BUMP(&s->device_writes);
     }
     if (P.ring == NULL) {
         return; /* counting only */
     }
-    struct request *rec = ring_slot();
+    struct cxlssd_request *rec = ring_slot();
     if (rec == NULL) {
-        BUMP(&s->dev_dropped);
+        BUMP(&s->device_dropped);
         return;
     }
-    uint8_t flags = posted ? FLAG_POSTED : 0;
-    if (op == OP_READ && P.query_state != NULL && P.query_state[vcpu] == QUERY_ARMED) {
-        flags = FLAG_QUERY;
+    uint8_t flags = posted ? CXLSSD_FLAG_POSTED : 0;
+    if (op == CXLSSD_OP_READ && P.query_state != NULL && P.query_state[vcpu] == QUERY_ARMED) {
+        flags = CXLSSD_FLAG_QUERY;
         P.query_state[vcpu] = QUERY_SENT;
     }
     ring_publish(rec, now_ps, (line << LINE_SHIFT) - w->base + w->dpa_base, vcpu, LINE_BYTES, op, flags);
@@ -618,10 +433,10 @@ static inline void host_request(unsigned int vcpu, uint64_t line, int store, uin
     if (P.ring == NULL || pfn >= P.promoted_cap || P.promoted[pfn] == 0) {
         return;
     }
-    struct request *rec = ring_slot();
+    struct cxlssd_request *rec = ring_slot();
     if (rec != NULL) {
         uint64_t addr = (uint64_t)(P.promoted[pfn] - 1) << 12 | (line << LINE_SHIFT & 0xfffu);
-        ring_publish(rec, now_ps, addr, vcpu, LINE_BYTES, store ? OP_WRITE : OP_READ, FLAG_HOST | FLAG_POSTED);
+        ring_publish(rec, now_ps, addr, vcpu, LINE_BYTES, store ? CXLSSD_OP_WRITE : CXLSSD_OP_READ, CXLSSD_FLAG_HOST | CXLSSD_FLAG_POSTED);
     }
 }
 
@@ -629,7 +444,7 @@ static inline void host_request(unsigned int vcpu, uint64_t line, int store, uin
 
 /* One access to one line: LRU lookup, fill on a miss, write-back of a dirty
  * victim. Caller holds the spinlock if vCPUs share the cache. */
-static void llc_access(unsigned int vcpu, struct vcpu_slot *s, uint64_t line, int store, struct window *w,
+static void llc_access(unsigned int vcpu, struct cxlssd_vcpu_slot *s, uint64_t line, int store, struct window *w,
                        uint32_t known, uint64_t insns)
 {
     const uint64_t key = (line + 1) << 1;
@@ -660,9 +475,9 @@ static void llc_access(unsigned int vcpu, struct vcpu_slot *s, uint64_t line, in
         /* SkyByte's W designs: the store's line goes to the write log without a
          * fetch (the CPU waits for the append); the log holds it, so the LLC's copy is clean. */
         set[0] = key;
-        device_request(vcpu, s, w, line, OP_WRITE, 0, now_ps);
+        device_request(vcpu, s, w, line, CXLSSD_OP_WRITE, 0, now_ps);
     } else if (w != NULL) {
-        device_request(vcpu, s, w, line, OP_READ, 0, now_ps); /* fill (read for ownership on a store) */
+        device_request(vcpu, s, w, line, CXLSSD_OP_READ, 0, now_ps); /* fill (read for ownership on a store) */
     } else {
         STORE_RELAXED(&s->local_ps, now_ps + P.dram_ps); /* blocking read from DRAM */
         if (P.n_promoted) {
@@ -674,7 +489,7 @@ static void llc_access(unsigned int vcpu, struct vcpu_slot *s, uint64_t line, in
         struct window *vw = find_window(vline << LINE_SHIFT, known);
         BUMP(&s->writebacks[vw != NULL]);
         if (vw != NULL) {
-            device_request(vcpu, s, vw, vline, OP_WRITE, 1, now_ps);
+            device_request(vcpu, s, vw, vline, CXLSSD_OP_WRITE, 1, now_ps);
         }
     }
 }
@@ -701,7 +516,7 @@ static void llc_unlock(void)
  * and already cost ~0.5 us each in QEMU, so their extra work here is noise. */
 static inline void mem_access(unsigned int vcpu, qemu_plugin_meminfo_t info, uint64_t vaddr)
 {
-    struct vcpu_slot *s = &P.vslots[vcpu];
+    struct cxlssd_vcpu_slot *s = &P.vslots[vcpu];
     BUMP(&s->mem_accesses);
     /* Keeps the live instruction count current for readers of the shm file:
      * the scoreboard (inline adds) lives in QEMU's memory, not in the file. */
@@ -758,7 +573,7 @@ static inline void mem_access(unsigned int vcpu, qemu_plugin_meminfo_t info, uin
             uint64_t now_ps = clock_at(vcpu, s, insns);
             BUMP(&s->llc_misses[lw != NULL]);
             if (lw != NULL) {
-                device_request(vcpu, s, lw, l, store ? OP_WRITE : OP_READ, store, now_ps);
+                device_request(vcpu, s, lw, l, store ? CXLSSD_OP_WRITE : CXLSSD_OP_READ, store, now_ps);
             } else {
                 if (!store) {
                     STORE_RELAXED(&s->local_ps, now_ps + P.dram_ps);
@@ -793,15 +608,15 @@ static void on_mem(unsigned int vcpu, qemu_plugin_meminfo_t info, uint64_t vaddr
 /* The marker code (cmd << 16 | id) of a marker instruction, or 0. */
 static uint32_t marker_code(const struct qemu_plugin_insn *insn)
 {
-    uint8_t b[MARKER_BYTES];
-    if (qemu_plugin_insn_size(insn) != MARKER_BYTES || qemu_plugin_insn_data(insn, b, sizeof b) != sizeof b) {
+    uint8_t b[CXLSSD_MARKER_BYTES];
+    if (qemu_plugin_insn_size(insn) != CXLSSD_MARKER_BYTES || qemu_plugin_insn_data(insn, b, sizeof b) != sizeof b) {
         return 0;
     }
-    if (b[0] != 0x0f || b[1] != 0x1f || b[2] != 0x84 || b[3] != 0x00 || b[7] != MARKER_MAGIC) {
+    if (b[0] != 0x0f || b[1] != 0x1f || b[2] != 0x84 || b[3] != 0x00 || b[7] != (CXLSSD_MARKER_MAGIC >> 24)) {
         return 0;
     }
     uint32_t cmd = b[6];
-    return cmd >= CMD_ROI_BEGIN && cmd <= CMD_LAST ? cmd << 16 | b[5] << 8 | b[4] : 0;
+    return cmd >= CXLSSD_CMD_ROI_BEGIN && cmd <= CXLSSD_CMD_LAST ? cmd << 16 | b[5] << 8 | b[4] : 0;
 }
 
 /* Wait until the firmware stores `seq` at `answer`; 0 if it was lost meanwhile. */
@@ -823,7 +638,7 @@ static int await_answer(const uint64_t *answer, uint64_t seq)
  * not (an LLC hit, RAM: a promoted page), the data is there: not long. */
 static void answer_query(unsigned int vcpu)
 {
-    struct pv_slot *slot = &P.pv[vcpu];
+    struct cxlssd_pv_slot *slot = &P.pv[vcpu];
     int sent = P.query_state[vcpu] == QUERY_SENT;
     P.query_state[vcpu] = QUERY_NONE;
     if (sent) {
@@ -872,8 +687,8 @@ static void runtime_marker(unsigned int vcpu, uint32_t cmd, uint64_t now_ps)
     if (vcpu >= P.n_pv) {
         return;
     }
-    struct pv_slot *slot = &P.pv[vcpu];
-    if (cmd == CMD_QUERY) {
+    struct cxlssd_pv_slot *slot = &P.pv[vcpu];
+    if (cmd == CXLSSD_CMD_QUERY) {
         P.query_state[vcpu] = QUERY_ARMED;
         return;
     }
@@ -881,16 +696,16 @@ static void runtime_marker(unsigned int vcpu, uint32_t cmd, uint64_t now_ps)
     if (P.shared) {
         llc_lock();
     }
-    if (cmd == CMD_DEMOTED && arg1 >> 12 < P.promoted_cap && P.promoted[arg1 >> 12] != 0) {
+    if (cmd == CXLSSD_CMD_DEMOTED && arg1 >> 12 < P.promoted_cap && P.promoted[arg1 >> 12] != 0) {
         arg0 = P.promoted[arg1 >> 12] - 1; /* the device page it was promoted from */
     }
-    if (cmd == CMD_PROMOTED || cmd == CMD_DEMOTED) {
-        set_promoted(arg1, arg0, cmd == CMD_PROMOTED);
+    if (cmd == CXLSSD_CMD_PROMOTED || cmd == CXLSSD_CMD_DEMOTED) {
+        set_promoted(arg1, arg0, cmd == CXLSSD_CMD_PROMOTED);
     }
     if (P.ring != NULL) {
-        struct request *rec = ring_slot();
+        struct cxlssd_request *rec = ring_slot();
         if (rec != NULL) {
-            ring_publish(rec, now_ps, arg0, vcpu, 0, OP_MARKER, (uint8_t)cmd);
+            ring_publish(rec, now_ps, arg0, vcpu, 0, CXLSSD_OP_MARKER, (uint8_t)cmd);
         }
     }
     if (P.shared) {
@@ -906,16 +721,16 @@ static void clock_read(unsigned int vcpu, uint64_t now_ps)
     if (vcpu >= P.n_pv) {
         return;
     }
-    struct pv_slot *slot = &P.pv[vcpu];
+    struct cxlssd_pv_slot *slot = &P.pv[vcpu];
     uint64_t seq = ++P.clock_seq[vcpu];
-    struct request *rec = NULL;
+    struct cxlssd_request *rec = NULL;
     if (P.ring != NULL && P.active) {
         if (P.shared) {
             llc_lock();
         }
         rec = ring_slot();
         if (rec != NULL) {
-            ring_publish(rec, now_ps, seq << 16, vcpu, 0, OP_MARKER, CMD_CLOCK);
+            ring_publish(rec, now_ps, seq << 16, vcpu, 0, CXLSSD_OP_MARKER, CXLSSD_CMD_CLOCK);
         }
         if (P.shared) {
             llc_unlock();
@@ -937,22 +752,22 @@ static void on_marker(unsigned int vcpu, void *userdata)
     uint32_t code = (uint32_t)(uintptr_t)userdata;
     if (!P.active || vcpu >= P.n_vslots) {
         __atomic_fetch_add(&P.hdr->markers_ignored, 1, __ATOMIC_RELAXED);
-        if (code >> 16 == CMD_CLOCK) {
+        if (code >> 16 == CXLSSD_CMD_CLOCK) {
             clock_read(vcpu, 0); /* answers 0 at once: no modelled clock while dormant */
-        } else if (code >> 16 == CMD_QUERY && vcpu < P.n_pv) {
+        } else if (code >> 16 == CXLSSD_CMD_QUERY && vcpu < P.n_pv) {
             STORE_RELAXED(&P.pv[vcpu].query_long, 0); /* no firmware: never a long delay */
         }
         return;
     }
-    struct vcpu_slot *s = &P.vslots[vcpu];
+    struct cxlssd_vcpu_slot *s = &P.vslots[vcpu];
     const uint64_t insns = qemu_plugin_u64_get(P.insns, vcpu);
     STORE_RELAXED(&s->insns, insns);
-    if (code >> 16 == CMD_CLOCK) {
+    if (code >> 16 == CXLSSD_CMD_CLOCK) {
         /* Not an ROI event; with several vCPUs the clock only needs this vCPU's slot. */
         clock_read(vcpu, clock_at(vcpu, s, insns));
         return;
     }
-    if (code >> 16 > CMD_CLOCK) {
+    if (code >> 16 > CXLSSD_CMD_CLOCK) {
         runtime_marker(vcpu, code >> 16, clock_at(vcpu, s, insns));
         return;
     }
@@ -961,8 +776,8 @@ static void on_marker(unsigned int vcpu, void *userdata)
     }
     uint64_t now_ps = clock_at(vcpu, s, insns);
     uint64_t index = P.hdr->roi_events;
-    if (index < ROI_SLOTS) {
-        struct roi_event *e = &P.roi[index];
+    if (index < CXLSSD_ROI_SLOTS) {
+        struct cxlssd_roi_event *e = &P.roi[index];
         e->code = code;
         e->vcpu = (uint16_t)vcpu;
         e->local_ps = now_ps;
@@ -971,9 +786,9 @@ static void on_marker(unsigned int vcpu, void *userdata)
     /* Release: a reader that sees the count sees the event. */
     __atomic_store_n(&P.hdr->roi_events, index + 1, __ATOMIC_RELEASE);
     if (P.ring != NULL) {
-        struct request *rec = ring_slot();
+        struct cxlssd_request *rec = ring_slot();
         if (rec != NULL) {
-            ring_publish(rec, now_ps, index << 16 | (code & 0xffffu), vcpu, 0, OP_MARKER, (uint8_t)(code >> 16));
+            ring_publish(rec, now_ps, index << 16 | (code & 0xffffu), vcpu, 0, CXLSSD_OP_MARKER, (uint8_t)(code >> 16));
         }
     }
     if (P.shared) {
@@ -987,7 +802,7 @@ static void register_callbacks(qemu_plugin_id_t id);
  * plugin's callbacks, with all vCPUs stopped: the mode can change safely. */
 static void after_reset(qemu_plugin_id_t id)
 {
-    uint32_t want = LOAD_RELAXED(&P.hdr->requested_mode) == MODE_ACTIVE;
+    uint32_t want = LOAD_RELAXED(&P.hdr->requested_mode) == CXLSSD_MODE_ACTIVE;
     if (want && !P.active) {
         uint64_t insn_ps = LOAD_RELAXED(&P.hdr->insn_ps), dram_ps = LOAD_RELAXED(&P.hdr->dram_ps);
         if (insn_ps == 0 || insn_ps > MAX_CLOCK_PS || dram_ps > MAX_CLOCK_PS) {
@@ -1018,14 +833,14 @@ static void after_reset(qemu_plugin_id_t id)
             /* A new run may have a new firmware: give it a chance again. */
             if (P.ring != NULL && P.ring_given_up) {
                 P.ring_given_up = 0;
-                __atomic_store_n(&P.ring->producer_state, STATE_RUNNING, __ATOMIC_RELEASE);
+                __atomic_store_n(&P.ring->producer_state, CXLSSD_STATE_RUNNING, __ATOMIC_RELEASE);
             }
             P.hdr->activations++;
         }
     }
     P.active = (int)want;
     register_callbacks(id);
-    __atomic_store_n(&P.hdr->mode, want ? MODE_ACTIVE : MODE_DORMANT, __ATOMIC_RELEASE);
+    __atomic_store_n(&P.hdr->mode, want ? CXLSSD_MODE_ACTIVE : CXLSSD_MODE_DORMANT, __ATOMIC_RELEASE);
     __atomic_store_n(&P.switching, 0, __ATOMIC_RELEASE);
 }
 
@@ -1037,7 +852,7 @@ static void poll_requests(void)
     if (published != __atomic_load_n(&P.n_known, __ATOMIC_ACQUIRE)) {
         adopt_windows(published);
     }
-    uint32_t want = LOAD_RELAXED(&P.hdr->requested_mode) == MODE_ACTIVE;
+    uint32_t want = LOAD_RELAXED(&P.hdr->requested_mode) == CXLSSD_MODE_ACTIVE;
     if ((int)want != P.active && !__atomic_exchange_n(&P.switching, 1, __ATOMIC_ACQ_REL)) {
         qemu_plugin_reset(P.id, after_reset);
     }
@@ -1090,13 +905,13 @@ static void on_vcpu_idle(qemu_plugin_id_t id, unsigned int vcpu)
 }
 
 /* The JSON has the counters and the local clock, which follows them in a slot. */
-#define N_JSON_FIELDS (N_VCPU_COUNTERS + 1)
+#define N_JSON_FIELDS (CXLSSD_VCPU_COUNTERS + 1)
 static const char *const vcpu_counter_names[N_JSON_FIELDS] = {
     "insns",          "mem_accesses",    "io_accesses",    "cxl_loads",       "cxl_stores",
     "llc_hits_dram",  "llc_hits_cxl",    "llc_misses_dram", "llc_misses_cxl", "writebacks_dram",
     "writebacks_cxl", "device_reads",    "device_writes",  "device_dropped",  "local_ps",
 };
-_Static_assert(offsetof(struct vcpu_slot, dev_dropped) == 8 * (N_VCPU_COUNTERS - 1), "JSON names");
+_Static_assert(offsetof(struct cxlssd_vcpu_slot, device_dropped) == 8 * (CXLSSD_VCPU_COUNTERS - 1), "JSON names");
 
 static void print_counters(FILE *f, const uint64_t *v)
 {
@@ -1121,7 +936,7 @@ static int write_json(const char *path)
     fprintf(f,
             "{\n  \"layout_version\": %u,\n  \"llc_bytes\": %" PRIu64 ",\n  \"llc_ways\": %u,\n"
             "  \"activations\": %u,\n  \"roi_events\": %" PRIu64 ",\n  \"vcpus\": [",
-            LAYOUT_VERSION, P.llc_bytes, P.llc_ways, P.hdr->activations, P.hdr->roi_events);
+            CXLSSD_COUNTERS_VERSION, P.llc_bytes, P.llc_ways, P.hdr->activations, P.hdr->roi_events);
     for (unsigned int i = 0; i < P.n_vslots; i++) {
         const uint64_t *v = (const uint64_t *)&P.vslots[i];
         for (int k = 0; k < N_JSON_FIELDS; k++) {
@@ -1133,13 +948,13 @@ static int write_json(const char *path)
     fprintf(f, "\n  ],\n  \"windows\": [");
     uint32_t n = P.n_known;
     for (uint32_t i = 0; i < n; i++) {
-        const struct window_slot *w = &P.wslots[i];
+        const struct cxlssd_window_slot *w = &P.wslots[i];
         fprintf(f,
                 "%s\n    {\"base\": %" PRIu64 ", \"size\": %" PRIu64 ", \"dpa_base\": %" PRIu64
                 ", \"loads\": %" PRIu64 ", \"stores\": %" PRIu64 ", \"lines_touched\": %" PRIu64
                 ", \"rejected\": %s}",
                 i ? "," : "", w->base, w->size, w->dpa_base, w->loads, w->stores, w->lines_touched,
-                (w->flags & WINDOW_REJECTED) ? "true" : "false");
+                (w->flags & CXLSSD_WINDOW_REJECTED) ? "true" : "false");
     }
     fprintf(f, "\n  ],\n  \"totals\": ");
     print_counters(f, totals);
@@ -1175,12 +990,12 @@ static void on_exit_cb(qemu_plugin_id_t id, void *userdata)
         refresh_insns((unsigned int)i);
     }
     if (P.ring != NULL && !P.ring_given_up) {
-        __atomic_store_n(&P.ring->producer_state, STATE_EXITED, __ATOMIC_RELEASE);
+        __atomic_store_n(&P.ring->producer_state, CXLSSD_STATE_EXITED, __ATOMIC_RELEASE);
     }
     if (P.out_path != NULL && write_json(P.out_path) != 0) {
         fprintf(stderr, "cxlssd plugin: cannot write %s: %s\n", P.out_path, strerror(errno));
     }
-    __atomic_store_n(&P.hdr->state, STATE_EXITED, __ATOMIC_RELEASE);
+    __atomic_store_n(&P.hdr->state, CXLSSD_STATE_EXITED, __ATOMIC_RELEASE);
     /* The shm files stay: they live in the instance's runtime dir, which the
      * platform removes; the platform may still read the final counters. */
 }
@@ -1249,8 +1064,8 @@ static void *map_new_file(const char *path, size_t bytes)
 
 static int setup_area(const char *shm_path, unsigned int vcpu_slots)
 {
-    size_t roi_offset = VCPU_OFFSET + (size_t)vcpu_slots * VCPU_SLOT_BYTES;
-    size_t bytes = roi_offset + (size_t)ROI_SLOTS * ROI_EVENT_BYTES;
+    size_t roi_offset = CXLSSD_VCPU_OFFSET + (size_t)vcpu_slots * CXLSSD_VCPU_SLOT_BYTES;
+    size_t bytes = roi_offset + (size_t)CXLSSD_ROI_SLOTS * CXLSSD_ROI_EVENT_BYTES;
     bytes = (bytes + 4095) & ~(size_t)4095;
     P.last_insns = calloc(vcpu_slots, sizeof *P.last_insns);
     if (P.last_insns == NULL) {
@@ -1268,53 +1083,53 @@ static int setup_area(const char *shm_path, unsigned int vcpu_slots)
         }
     }
     P.area_bytes = bytes;
-    P.hdr = (struct header *)P.area;
-    P.wslots = (struct window_slot *)(P.area + WINDOW_OFFSET);
-    P.vslots = (struct vcpu_slot *)(P.area + VCPU_OFFSET);
-    P.roi = (struct roi_event *)(P.area + roi_offset);
+    P.hdr = (struct cxlssd_counters_header *)P.area;
+    P.wslots = (struct cxlssd_window_slot *)(P.area + CXLSSD_WINDOW_OFFSET);
+    P.vslots = (struct cxlssd_vcpu_slot *)(P.area + CXLSSD_VCPU_OFFSET);
+    P.roi = (struct cxlssd_roi_event *)(P.area + roi_offset);
     P.n_vslots = vcpu_slots;
-    P.hdr->version = LAYOUT_VERSION;
-    P.hdr->header_bytes = HEADER_BYTES;
+    P.hdr->version = CXLSSD_COUNTERS_VERSION;
+    P.hdr->header_bytes = CXLSSD_COUNTERS_HEADER_BYTES;
     P.hdr->vcpu_slots = vcpu_slots;
-    P.hdr->window_slots = MAX_WINDOWS;
-    P.hdr->window_offset = WINDOW_OFFSET;
-    P.hdr->vcpu_offset = VCPU_OFFSET;
+    P.hdr->window_slots = CXLSSD_WINDOW_SLOTS;
+    P.hdr->window_offset = CXLSSD_WINDOW_OFFSET;
+    P.hdr->vcpu_offset = CXLSSD_VCPU_OFFSET;
     P.hdr->file_bytes = bytes;
     P.hdr->qemu_pid = (uint64_t)getpid();
-    P.hdr->vcpu_slot_bytes = VCPU_SLOT_BYTES;
+    P.hdr->vcpu_slot_bytes = CXLSSD_VCPU_SLOT_BYTES;
     P.hdr->llc_ways = P.llc_ways;
     P.hdr->llc_bytes = P.llc_bytes;
     P.hdr->insn_ps = P.insn_ps;
     P.hdr->dram_ps = P.dram_ps;
     P.hdr->roi_offset = (uint32_t)roi_offset;
-    P.hdr->roi_slots = ROI_SLOTS;
-    P.hdr->requested_mode = P.hdr->mode = P.active ? MODE_ACTIVE : MODE_DORMANT;
+    P.hdr->roi_slots = CXLSSD_ROI_SLOTS;
+    P.hdr->requested_mode = P.hdr->mode = P.active ? CXLSSD_MODE_ACTIVE : CXLSSD_MODE_DORMANT;
     P.hdr->activations = (uint32_t)P.active;
-    P.hdr->state = STATE_RUNNING;
+    P.hdr->state = CXLSSD_STATE_RUNNING;
     return 0;
 }
 
 static int setup_ring(const char *path, uint64_t records)
 {
-    size_t bytes = RING_HEADER_BYTES + records * sizeof(struct request);
+    size_t bytes = CXLSSD_RING_HEADER_BYTES + records * sizeof(struct cxlssd_request);
     bytes = (bytes + 4095) & ~(size_t)4095;
     uint8_t *map = map_new_file(path, bytes);
     if (map == NULL) {
         return -1;
     }
-    P.ring = (struct ring_header *)map;
-    P.records = (struct request *)(map + RING_HEADER_BYTES);
+    P.ring = (struct cxlssd_ring_header *)map;
+    P.records = (struct cxlssd_request *)(map + CXLSSD_RING_HEADER_BYTES);
     P.ring_mask = records - 1;
-    P.ring->version = RING_VERSION;
-    P.ring->header_bytes = RING_HEADER_BYTES;
-    P.ring->record_bytes = sizeof(struct request);
+    P.ring->version = CXLSSD_RING_VERSION;
+    P.ring->header_bytes = CXLSSD_RING_HEADER_BYTES;
+    P.ring->record_bytes = sizeof(struct cxlssd_request);
     P.ring->capacity = (uint32_t)records;
     P.ring->file_bytes = bytes;
     P.ring->qemu_pid = (uint64_t)getpid();
     P.ring->insn_ps = P.insn_ps;
     P.ring->timeout_ns = P.timeout_ns;
-    P.ring->producer_state = STATE_RUNNING;
-    __atomic_store_n(&P.ring->magic, RING_MAGIC, __ATOMIC_RELEASE);
+    P.ring->producer_state = CXLSSD_STATE_RUNNING;
+    __atomic_store_n(&P.ring->magic, CXLSSD_RING_MAGIC, __ATOMIC_RELEASE);
     return 0;
 }
 
@@ -1324,8 +1139,8 @@ static int setup_pv(const char *path, unsigned int vcpu_slots)
 {
     int fd = open(path, O_RDWR | O_CLOEXEC);
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0 || st.st_size < (off_t)PV_MIN_BYTES) {
-        fprintf(stderr, "cxlssd plugin: pv file %s must exist with at least %u bytes: %s\n", path, PV_MIN_BYTES,
+    if (fd < 0 || fstat(fd, &st) != 0 || st.st_size < (off_t)CXLSSD_PV_BYTES) {
+        fprintf(stderr, "cxlssd plugin: pv file %s must exist with at least %u bytes: %s\n", path, CXLSSD_PV_BYTES,
                 fd < 0 ? strerror(errno) : "too small");
         if (fd >= 0) {
             close(fd);
@@ -1339,23 +1154,23 @@ static int setup_pv(const char *path, unsigned int vcpu_slots)
         fprintf(stderr, "cxlssd plugin: cannot map pv file %s: %s\n", path, strerror(errno));
         return -1;
     }
-    unsigned int fit = (unsigned int)((PV_MAILBOX_OFFSET - PV_HEADER_BYTES) / PV_SLOT_BYTES);
+    unsigned int fit = (unsigned int)((CXLSSD_PV_MAILBOX_OFFSET - CXLSSD_PV_HEADER_BYTES) / CXLSSD_PV_SLOT_BYTES);
     P.n_pv = vcpu_slots < fit ? vcpu_slots : fit;
-    P.pv = (struct pv_slot *)(map + PV_HEADER_BYTES);
+    P.pv = (struct cxlssd_pv_slot *)(map + CXLSSD_PV_HEADER_BYTES);
     P.clock_seq = calloc(P.n_pv ? P.n_pv : 1, sizeof *P.clock_seq);
     P.query_seq = calloc(P.n_pv ? P.n_pv : 1, sizeof *P.query_seq);
     P.query_state = calloc(P.n_vslots > P.n_pv ? P.n_vslots : P.n_pv ? P.n_pv : 1, 1);
     if (P.clock_seq == NULL || P.query_seq == NULL || P.query_state == NULL) {
         return bad_arg("pv", "out of memory");
     }
-    struct pv_header *h = (struct pv_header *)map;
-    h->version = PV_VERSION;
+    struct cxlssd_pv_header *h = (struct cxlssd_pv_header *)map;
+    h->version = CXLSSD_PV_VERSION;
     h->slots = P.n_pv;
-    h->slot_offset = PV_HEADER_BYTES;
-    h->slot_bytes = PV_SLOT_BYTES;
-    h->mailbox_offset = PV_MAILBOX_OFFSET;
-    h->mailbox_entries = (uint32_t)((bytes < 4096 ? bytes : 4096) - PV_MAILBOX_OFFSET - PV_MAILBOX_HEADER) / 8;
-    __atomic_store_n(&h->magic, PV_MAGIC, __ATOMIC_RELEASE);
+    h->slot_offset = CXLSSD_PV_HEADER_BYTES;
+    h->slot_bytes = CXLSSD_PV_SLOT_BYTES;
+    h->mailbox_offset = CXLSSD_PV_MAILBOX_OFFSET;
+    h->mailbox_entries = (uint32_t)((bytes < 4096 ? bytes : 4096) - CXLSSD_PV_MAILBOX_OFFSET - CXLSSD_PV_MAILBOX_HEADER) / 8;
+    __atomic_store_n(&h->magic, CXLSSD_PV_MAGIC, __ATOMIC_RELEASE);
     return 0;
 }
 
@@ -1386,7 +1201,7 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
         return -1;
     }
     const char *shm_path = NULL, *ring_path = NULL, *pv_path = NULL;
-    uint64_t bases[MAX_WINDOWS], sizes[MAX_WINDOWS], dpas[MAX_WINDOWS];
+    uint64_t bases[CXLSSD_WINDOW_SLOTS], sizes[CXLSSD_WINDOW_SLOTS], dpas[CXLSSD_WINDOW_SLOTS];
     unsigned int n_windows = 0;
     uint64_t llc_bytes = DEFAULT_LLC_BYTES, llc_ways = DEFAULT_LLC_WAYS, ring_records = DEFAULT_RING_RECORDS;
     uint64_t timeout_ms = DEFAULT_RING_TIMEOUT_MS, insn_ps = DEFAULT_INSN_PS, dram_ps = DEFAULT_DRAM_PS;
@@ -1436,7 +1251,7 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
                 (colon2 != NULL && parse_u64(colon2 + 1, value_end, &dpa) != 0)) {
                 return bad_arg(arg, "expected window=BASE:SIZE[:DPA] (e.g. window=0x390000000:0x40000000)");
             }
-            if (n_windows == MAX_WINDOWS) {
+            if (n_windows == CXLSSD_WINDOW_SLOTS) {
                 return bad_arg(arg, "at most 8 windows");
             }
             bases[n_windows] = base;
@@ -1543,6 +1358,6 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
     P.insns = (qemu_plugin_u64){P.insn_board, 0};
     register_callbacks(id);
     /* Ready: the magic goes in last, so a reader that sees it sees the rest. */
-    __atomic_store_n(&P.hdr->magic, MAGIC, __ATOMIC_RELEASE);
+    __atomic_store_n(&P.hdr->magic, CXLSSD_COUNTERS_MAGIC, __ATOMIC_RELEASE);
     return 0;
 }

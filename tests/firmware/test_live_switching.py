@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cxlssd.abi import protocol, pv
 from cxlssd.errors import ConfigError
 from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.live_switching import guest_driven
@@ -18,7 +19,6 @@ from cxlssd.firmware.request import FLAG_HOST, FLAG_POSTED, FLAG_QUERY, REQUEST_
 from cxlssd.firmware.serve import Mailbox
 from cxlssd.firmware.stream import StreamServer
 from cxlssd.firmware.trace import TraceWriter
-from cxlssd.platform.plugin import pv
 
 # A cold flash read: the 158 ns SSD-DRAM path + the flash read (the default ULL NAND)
 FLASH_NS = 158 + 3000
@@ -164,17 +164,17 @@ def test_the_pv_page_carries_features_answers_and_the_mailbox(tmp_path: Path) ->
     path = tmp_path / "pv"
     pv.create_page(path)
     words = np.memmap(path, dtype=np.uint64, mode="r+")
-    words[0] = pv.MAGIC  # as the plugin writes its header
+    words[0] = protocol.PV_MAGIC  # as the plugin writes its header
     header = words[:8].view(np.uint32)
     header[3], header[8], header[9] = 2, 2048, 4  # 2 slots; a mailbox of 4 entries
     with pv.PvPage(path) as page:
-        page.set_features(pv.FEATURE_CONTEXT_SWITCH | pv.FEATURE_PROMOTION, "earliest-ready")
+        page.set_features(protocol.FEATURE_CONTEXT_SWITCH | protocol.FEATURE_PROMOTION, "earliest-ready")
         assert header[6] == 3 and header[7] == 1
         page.answer_query(1, ticket=5, long_delay=True, ready_ns=1234)
         assert words[(64 + 64) // 8 + 2 : (64 + 64) // 8 + 5].tolist() == [1234, 1, 5]
         assert all(page.post(p, demote=p == 3) for p in range(4))
         assert not page.post(9, demote=False)  # full until the guest moves its tail
-        assert words[256 + 8 : 256 + 12].tolist() == [0, 1, 2, 3 | pv.DEMOTE]
+        assert words[256 + 8 : 256 + 12].tolist() == [0, 1, 2, 3 | protocol.PV_DEMOTE]
         words[257] = 1
         assert page.post(9, demote=False) and words[256 + 8] == 9
     assert header[6] == 0  # closed: the guest sees no firmware
@@ -184,7 +184,7 @@ def test_the_mailbox_drops_promotions_when_full_and_holds_demotions(tmp_path: Pa
     path = tmp_path / "pv"
     pv.create_page(path)
     words = np.memmap(path, dtype=np.uint64, mode="r+")
-    words[0] = pv.MAGIC
+    words[0] = protocol.PV_MAGIC
     header = words[:8].view(np.uint32)
     header[3], header[8], header[9] = 1, 2048, 2  # a mailbox of 2 entries
     controller = Controller.from_profile(load_profile("skybyte-p"))
@@ -203,7 +203,7 @@ def test_the_mailbox_drops_promotions_when_full_and_holds_demotions(tmp_path: Pa
         assert mailbox.stats()["demotions_waiting"] == 1
         words[257] = 2  # the daemon took both
         mailbox.flush()
-        assert mailbox.stats()["demotions_waiting"] == 0 and words[256 + 8] == 9 | pv.DEMOTE
+        assert mailbox.stats()["demotions_waiting"] == 0 and words[256 + 8] == 9 | protocol.PV_DEMOTE
 
 
 def test_a_device_page_freed_by_a_promotion_can_be_reused_and_promoted_again() -> None:

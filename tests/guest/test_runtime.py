@@ -39,8 +39,8 @@ def runtime() -> Path:
 
 @pytest.fixture
 def sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private copy of the runtime's sources (and the workloads' and the promotion
-    daemon's next to them), built into a private cache."""
+    """A private copy of the runtime's sources (and the workloads', the promotion
+    daemon's and the protocol header next to them), built into a private cache."""
     monkeypatch.setenv("CXLSSD_CACHE", str(tmp_path / "cache"))
     copy = tmp_path / "guest" / "runtime"
     ignore = shutil.ignore_patterns("__pycache__")
@@ -48,6 +48,8 @@ def sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     shutil.copytree(build.SOURCE_DIR / build.WORKLOAD_SOURCES, copy / build.WORKLOAD_SOURCES, ignore=ignore)
     (copy / build.PROMOTER_SOURCE).parent.mkdir()
     shutil.copyfile(build.SOURCE_DIR / build.PROMOTER_SOURCE, copy / build.PROMOTER_SOURCE)
+    (copy / build.ABI_HEADER).parent.mkdir()
+    shutil.copyfile(build.SOURCE_DIR / build.ABI_HEADER, copy / build.ABI_HEADER)
     monkeypatch.setattr(build, "SOURCE_DIR", copy)
     return copy
 
@@ -63,6 +65,7 @@ def test_build_is_cached_and_rebuilt_on_source_change(sources: Path, monkeypatch
         ("lib/libcxlssd.so", 0o755),
         ("python/cxlssd_guest.py", 0o644),
         ("include/cxlssd.h", 0o644),
+        ("include/cxlssd_abi.h", 0o644),
     ]:
         assert stat.S_IMODE((first / name).stat().st_mode) == mode, name
     built_at = (first / "bin/chase").stat().st_mtime_ns
@@ -352,8 +355,8 @@ def test_install_copies_the_tree_with_its_modes(
         files = sorted(str(p.relative_to(installed)) for p in installed.rglob("*") if p.is_file())
         workloads = [f"bin/{name}" for name in build.WORKLOADS]
         assert files == sorted(
-            ["bin/chase", "bin/cxlssd-promote", *workloads, "include/cxlssd.h", "lib/libcxlssd.so",
-             "python/cxlssd_guest.py", "python/netkv.py"]
+            ["bin/chase", "bin/cxlssd-promote", "bin/shapes", *workloads, "include/cxlssd.h",
+             "include/cxlssd_abi.h", "lib/libcxlssd.so", "python/cxlssd_guest.py", "python/netkv.py"]
         )
         for name in files:
             assert (installed / name).read_bytes() == (runtime / name).read_bytes()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cxlssd.abi.counters import PluginCounters
 from cxlssd.errors import PrerequisiteError
 from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.live import LiveDriver
@@ -23,7 +24,6 @@ from cxlssd.firmware.trace import TraceReader
 from cxlssd.platform.machine import Platform
 from cxlssd.platform.plugin import build
 from cxlssd.platform.plugin.build import ensure_plugin
-from cxlssd.platform.plugin.counters import PluginCounters
 
 QEMU = "qemu-system-x86_64"
 QUICK_TIMEOUT_S = 60

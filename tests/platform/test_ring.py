@@ -21,6 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cxlssd.abi import protocol
+from cxlssd.abi.counters import PluginCounters
+from cxlssd.abi.ring import RequestRing, RingError
 from cxlssd.errors import InputError
 from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.live import LiveDriver
@@ -28,10 +31,7 @@ from cxlssd.firmware.profile import load_profile
 from cxlssd.firmware.replay import replay_file
 from cxlssd.firmware.request import REQUEST_DTYPE, Op, make_requests
 from cxlssd.firmware.trace import TraceReader
-from cxlssd.platform.plugin import ring as ringmod
 from cxlssd.platform.plugin.build import ensure_plugin
-from cxlssd.platform.plugin.counters import PluginCounters
-from cxlssd.platform.plugin.ring import RequestRing, RingError
 
 QEMU = "qemu-system-x86_64"
 DESIGN = "skybyte-full"
@@ -46,16 +46,16 @@ class FakeProducer:
     def __init__(self, path: Path, capacity: int, insn_ps: int = 333) -> None:
         self.path = path
         self.capacity = capacity
-        size = ringmod.HEADER_BYTES + capacity * REQUEST_DTYPE.itemsize
+        size = protocol.RING_HEADER_BYTES + capacity * REQUEST_DTYPE.itemsize
         with open(path, "wb") as f:
             f.write(bytes(size))
         self._mem = np.memmap(path, np.uint8, "r+")
-        self.u32 = self._mem[: ringmod.HEADER_BYTES].view(np.uint32)
-        self.u64 = self._mem[: ringmod.HEADER_BYTES].view(np.uint64)
-        self.records = self._mem[ringmod.HEADER_BYTES :].view(REQUEST_DTYPE)
+        self.u32 = self._mem[: protocol.RING_HEADER_BYTES].view(np.uint32)
+        self.u64 = self._mem[: protocol.RING_HEADER_BYTES].view(np.uint64)
+        self.records = self._mem[protocol.RING_HEADER_BYTES :].view(REQUEST_DTYPE)
         header = struct.pack("<QIIIIQQQQI", 0, 1, 256, 24, capacity, size, os.getpid(), insn_ps, 10**9, 1)
         self._mem[: len(header)] = np.frombuffer(header, np.uint8)
-        self.u64[0] = ringmod.MAGIC
+        self.u64[0] = protocol.RING_MAGIC
         self.head = 0
 
     def push(self, requests: np.ndarray) -> int:
@@ -87,7 +87,7 @@ def test_reader_peeks_views_releases_and_wraps(tmp_path: Path) -> None:
     producer = FakeProducer(tmp_path / "ring", capacity=8)
     stream = _stream(20)
     with RequestRing(tmp_path / "ring") as ring:
-        assert producer.consumer_state == ringmod.ATTACHED and ring.capacity == 8
+        assert producer.consumer_state == protocol.RING_ATTACHED and ring.capacity == 8
         assert ring.peek().shape == (0,)
         assert producer.push(stream[:6]) == 6
         chunk = ring.peek()
@@ -106,10 +106,10 @@ def test_reader_peeks_views_releases_and_wraps(tmp_path: Path) -> None:
         status = ring.status()
         assert (status.head, status.tail, status.state) == (14, 12, "running")
         ring.check()
-        producer.set_state(ringmod.CONSUMER_GONE)
+        producer.set_state(protocol.RING_CONSUMER_GONE)
         with pytest.raises(RingError, match="consumer gone"):
             ring.check()
-    assert producer.consumer_state == ringmod.DETACHED
+    assert producer.consumer_state == protocol.RING_DETACHED
 
 
 def test_a_new_consumer_skips_what_a_dead_one_left(tmp_path: Path) -> None:
@@ -126,7 +126,7 @@ def test_a_new_consumer_skips_what_a_dead_one_left(tmp_path: Path) -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()
     producer.u64[18] = dead.pid
-    producer.u32[34] = ringmod.ATTACHED
+    producer.u32[34] = protocol.RING_ATTACHED
     with RequestRing(tmp_path / "ring") as ring:
         assert producer.u64[18] == os.getpid()
 
@@ -192,7 +192,7 @@ def test_live_driver_reports_a_bad_record_on_stop(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="invalid"):
         driver.stop()
     driver.stop()  # idempotent
-    assert producer.consumer_state == ringmod.DETACHED
+    assert producer.consumer_state == protocol.RING_DETACHED
 
 
 # -- the real plugin, in a bare machine (SeaBIOS only, seconds) -------------------------------
@@ -252,7 +252,7 @@ def test_seabios_requests_flow_through_llc_ring_and_firmware(
     assert totals["llc_hits_cxl"] > totals["llc_misses_cxl"]  # SeaBIOS reuses its lines
     assert totals["llc_hits_dram"] + totals["llc_misses_dram"] > 0
     # All of them went through the ring to the firmware (consumer attached first).
-    assert ring["dropped"] == 0 and ring["producer_state"] == ringmod.EXITED
+    assert ring["dropped"] == 0 and ring["producer_state"] == protocol.RING_EXITED
     assert served == ring["published"] == totals["device_reads"] + totals["device_writes"]
     assert live.counter_dict()["model"]["requests"] == served
     records = TraceReader(trace).read_all()
@@ -282,7 +282,7 @@ def test_without_llc_every_window_access_is_a_request(
 
 def _wait_state(observer: RequestRing, timeout_s: float = 30.0) -> int:
     deadline = time.monotonic() + timeout_s
-    while observer.status().producer_state == ringmod.RUNNING:
+    while observer.status().producer_state == protocol.RING_RUNNING:
         assert time.monotonic() < deadline, f"the plugin kept waiting: {observer.status()}"
         time.sleep(0.05)
     return observer.status().producer_state
@@ -290,7 +290,7 @@ def _wait_state(observer: RequestRing, timeout_s: float = 30.0) -> int:
 
 CONSUMER_SCRIPT = """
 import sys, time
-from cxlssd.platform.plugin.ring import RequestRing
+from cxlssd.abi.ring import RequestRing
 ring = RequestRing(sys.argv[1]); ring.open()
 print("attached", flush=True)
 time.sleep(600)
@@ -319,7 +319,7 @@ def test_dead_firmware_does_not_hang_the_guest(
             os.kill(consumer.pid, signal.SIGKILL)
             consumer.wait(timeout=30)
             began = time.monotonic()
-            assert _wait_state(observer) == ringmod.CONSUMER_GONE
+            assert _wait_state(observer) == protocol.RING_CONSUMER_GONE
             print(f"gave up {time.monotonic() - began:.3f} s after the consumer died")
             before = counters.snapshot()
             time.sleep(0.5)
@@ -343,7 +343,7 @@ def test_stalled_firmware_times_out(
     stop_qemu.append(qemu)
     with PluginCounters(tmp_path / "c") as counters, RequestRing(ring_path) as ring:  # never drained
         counters.publish_window(0, LOW_MEMORY)
-        assert _wait_state(ring) == ringmod.CONSUMER_STALLED
+        assert _wait_state(ring) == protocol.RING_CONSUMER_STALLED
         status = ring.status()
         assert status.full_waits >= 1 and status.wait_ns >= 300_000_000 and status.dropped > 0
         with pytest.raises(RingError, match="consumer stalled"):

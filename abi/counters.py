@@ -1,7 +1,7 @@
 """Read the TCG plugin's live counters, and publish CXL windows to it.
 
 The plugin (``shm=PATH``) keeps its counters in a small file of fixed layout
-(``cxlssd_plugin.c`` and docs/plugin.md): a 128-byte header, a table of 8
+(:mod:`.protocol`, ``cxlssd_abi.h``, docs/plugin.md): a 128-byte header, a table of 8
 64-byte window slots, one 128-byte slot per vCPU (instructions, accesses, the
 LLC model's hits/misses/write-backs split DRAM vs CXL, device requests, the
 local modelled clock), then the ROI event table. This module maps that file,
@@ -29,69 +29,40 @@ from pathlib import Path
 
 import numpy as np
 
+from cxlssd.abi.protocol import (
+    COUNTERS_HEADER_BYTES,
+    COUNTERS_HEADER_DTYPE,
+    COUNTERS_MAGIC,
+    COUNTERS_VERSION,
+    MODE_ACTIVE,
+    MODE_DORMANT,
+    ROI_EVENT_DTYPE,
+    STATE_EXITED,
+    VCPU_COUNTERS,
+    VCPU_FIELDS,
+    VCPU_SLOT_DTYPE,
+    WINDOW_ACCEPTED,
+    WINDOW_REJECTED,
+    WINDOW_SLOT_DTYPE,
+    word,
+)
+from cxlssd.abi.shared_file import map_when_ready
 from cxlssd.errors import InputError
 from cxlssd.lifecycle import Lifecycle, pid_alive
-from cxlssd.platform.plugin.shared_file import map_when_ready
 
-MAGIC = int.from_bytes(b"CXLSSDPC", "little")
-LAYOUT_VERSION = 3
-HEADER_BYTES = 128
-SLOT_BYTES = 64
-VCPU_SLOT_BYTES = 128
-LINE_BYTES = 64
-STATE_RUNNING, STATE_EXITED = 1, 2
-WINDOW_REJECTED, WINDOW_ACCEPTED = 1, 2
-MODE_DORMANT, MODE_ACTIVE = 0, 1
-ROI_EVENT_BYTES = 128
-
-# Header fields: (name, byte offset, numpy type).
-_HEADER = {
-    "magic": (0, np.uint64),
-    "version": (8, np.uint32),
-    "header_bytes": (12, np.uint32),
-    "vcpu_slots": (16, np.uint32),
-    "window_slots": (20, np.uint32),
-    "window_offset": (24, np.uint32),
-    "vcpu_offset": (28, np.uint32),
-    "n_windows": (32, np.uint32),
-    "state": (36, np.uint32),
-    "file_bytes": (40, np.uint64),
-    "qemu_pid": (48, np.uint64),
-    "vcpu_slot_bytes": (56, np.uint32),
-    "llc_ways": (60, np.uint32),
-    "llc_bytes": (64, np.uint64),
-    "insn_ps": (72, np.uint64),
-    "requested_mode": (80, np.uint32),
-    "mode": (84, np.uint32),
-    "dram_ps": (88, np.uint64),
-    "roi_offset": (96, np.uint32),
-    "roi_slots": (100, np.uint32),
-    "roi_events": (104, np.uint64),
-    "activations": (112, np.uint32),
-    "markers_ignored": (116, np.uint32),
-    "store_miss_write": (120, np.uint32),
-}
-# Fields of a window slot and of a vCPU slot, in order, each a u64.
-WINDOW_FIELDS = ("base", "size", "loads", "stores", "lines_touched", "flags", "dpa_base")
-VCPU_FIELDS = (
-    "insns",
-    "mem_accesses",
-    "io_accesses",
-    "cxl_loads",
-    "cxl_stores",
-    "llc_hits_dram",
-    "llc_hits_cxl",
-    "llc_misses_dram",
-    "llc_misses_cxl",
-    "writebacks_dram",
-    "writebacks_cxl",
-    "device_reads",
-    "device_writes",
-    "device_dropped",
-    "local_ps",
+LINE_BYTES = 64  # windows are whole lines
+_U64_PER_SLOT = WINDOW_SLOT_DTYPE.itemsize // 8
+_U64_PER_VCPU = VCPU_SLOT_DTYPE.itemsize // 8
+# u64 words of a window slot
+_BASE, _SIZE, _LOADS, _STORES, _LINES, _FLAGS, _DPA = (
+    word(WINDOW_SLOT_DTYPE, name)
+    for name in ("base", "size", "loads", "stores", "lines_touched", "flags", "dpa_base")
 )
-_U64_PER_SLOT = SLOT_BYTES // 8
-_U64_PER_VCPU = VCPU_SLOT_BYTES // 8
+
+
+def _field(name: str) -> int:
+    """The word index of header field ``name`` (in the u32 or u64 view, by its type)."""
+    return word(COUNTERS_HEADER_DTYPE, name)
 
 
 @dataclass(frozen=True)
@@ -231,26 +202,36 @@ class PluginCounters(Lifecycle):
         initialise it. An :class:`InputError` if it never appears or is not a
         counters file of this layout version."""
         self._attach(
-            map_when_ready(self.path, HEADER_BYTES, MAGIC, timeout_s, "cxlssd plugin counters file", "shm")
+            map_when_ready(
+                self.path,
+                COUNTERS_HEADER_BYTES,
+                COUNTERS_MAGIC,
+                timeout_s,
+                "cxlssd plugin counters file",
+                "shm",
+            )
         )
 
     def _attach(self, mapped: mmap.mmap) -> None:
         u32 = np.frombuffer(mapped, np.uint32)
-        header = {
-            name: int(np.frombuffer(mapped, kind, 1, offset)[0]) for name, (offset, kind) in _HEADER.items()
-        }
+        record = np.frombuffer(mapped, COUNTERS_HEADER_DTYPE, 1)[0]
+        header = {name: int(record[name]) for name in COUNTERS_HEADER_DTYPE.fields or ()}
+        del record
         problem = None
-        if header["version"] != LAYOUT_VERSION:
-            problem = f"layout version {header['version']}, this reader knows {LAYOUT_VERSION}"
-        elif header["file_bytes"] > len(mapped) or header["header_bytes"] != HEADER_BYTES:
+        if header["version"] != COUNTERS_VERSION:
+            problem = f"layout version {header['version']}, this reader knows {COUNTERS_VERSION}"
+        elif header["file_bytes"] > len(mapped) or header["header_bytes"] != COUNTERS_HEADER_BYTES:
             problem = "header does not match the file size"
-        elif header["window_offset"] % SLOT_BYTES or header["vcpu_offset"] % SLOT_BYTES:
-            problem = "misaligned tables"
-        elif header["roi_offset"] % 8 or header["roi_offset"] + header["roi_slots"] * ROI_EVENT_BYTES > len(
-            mapped
+        elif (
+            header["window_offset"] % WINDOW_SLOT_DTYPE.itemsize
+            or header["vcpu_offset"] % VCPU_SLOT_DTYPE.itemsize
         ):
+            problem = "misaligned tables"
+        elif header["roi_offset"] % 8 or header["roi_offset"] + header[
+            "roi_slots"
+        ] * ROI_EVENT_DTYPE.itemsize > len(mapped):
             problem = "the ROI table does not fit the file"
-        elif header["vcpu_slot_bytes"] != VCPU_SLOT_BYTES:
+        elif header["vcpu_slot_bytes"] != VCPU_SLOT_DTYPE.itemsize:
             problem = f"vCPU slots of {header['vcpu_slot_bytes']} bytes"
         if problem is not None:
             del u32
@@ -287,13 +268,13 @@ class PluginCounters(Lifecycle):
     @property
     def qemu_pid(self) -> int:
         _, u64 = self._arrays()
-        return int(u64[_HEADER["qemu_pid"][0] // 8])
+        return int(u64[_field("qemu_pid")])
 
     def snapshot(self) -> CounterSnapshot:
         """Copy all counters now."""
         u32, u64 = self._arrays()
-        n_windows = min(int(u32[_HEADER["n_windows"][0] // 4]), self.window_slots)
-        exited = int(u32[_HEADER["state"][0] // 4]) == STATE_EXITED
+        n_windows = min(int(u32[_field("n_windows")]), self.window_slots)
+        exited = int(u32[_field("state")]) == STATE_EXITED
         vcpu_rows = (
             u64[self._vcpu_u64 : self._vcpu_u64 + self.vcpu_slots * _U64_PER_VCPU]
             .copy()
@@ -307,14 +288,14 @@ class PluginCounters(Lifecycle):
         vcpus = tuple(VcpuCounters(*(int(x) for x in row[: len(VCPU_FIELDS)])) for row in vcpu_rows)
         windows = tuple(
             WindowCounters(
-                base=int(row[0]),
-                size=int(row[1]),
-                loads=int(row[2]),
-                stores=int(row[3]),
-                lines_touched=int(row[4]),
-                accepted=bool(int(row[5]) & WINDOW_ACCEPTED),
-                rejected=bool(int(row[5]) & WINDOW_REJECTED),
-                dpa_base=int(row[6]),
+                base=int(row[_BASE]),
+                size=int(row[_SIZE]),
+                loads=int(row[_LOADS]),
+                stores=int(row[_STORES]),
+                lines_touched=int(row[_LINES]),
+                accepted=bool(int(row[_FLAGS]) & WINDOW_ACCEPTED),
+                rejected=bool(int(row[_FLAGS]) & WINDOW_REJECTED),
+                dpa_base=int(row[_DPA]),
             )
             for row in window_rows
         )
@@ -343,14 +324,14 @@ class PluginCounters(Lifecycle):
         if index >= self.window_slots:
             raise ValueError(f"the plugin has only {self.window_slots} window slots, all used")
         slot = self._window_u64 + index * _U64_PER_SLOT
-        u64[slot] = base
-        u64[slot + 1] = size
-        u64[slot + 6] = dpa_base
+        u64[slot + _BASE] = base
+        u64[slot + _SIZE] = size
+        u64[slot + _DPA] = dpa_base
         # x86 stores are seen in program order: base and size before the new count.
-        u32[_HEADER["n_windows"][0] // 4] = index + 1
+        u32[_field("n_windows")] = index + 1
         deadline = time.monotonic() + wait_s
         while True:
-            flags = int(u64[slot + 5])
+            flags = int(u64[slot + _FLAGS])
             if flags & WINDOW_REJECTED:
                 raise ValueError(f"the plugin rejected window {base:#x}+{size:#x} (see QEMU's log)")
             if flags & WINDOW_ACCEPTED:
@@ -366,11 +347,11 @@ class PluginCounters(Lifecycle):
 
     def _u32_field(self, name: str) -> int:
         u32, _ = self._arrays()
-        return int(u32[_HEADER[name][0] // 4])
+        return int(u32[_field(name)])
 
     def _u64_field(self, name: str) -> int:
         _, u64 = self._arrays()
-        return int(u64[_HEADER[name][0] // 8])
+        return int(u64[_field(name)])
 
     @property
     def active(self) -> bool:
@@ -393,16 +374,16 @@ class PluginCounters(Lifecycle):
         if not 0 < insn_ps <= 10**9 or not 0 <= dram_ps <= 10**9:
             raise ValueError(f"insn_ps {insn_ps} must be 1..1e9 and dram_ps {dram_ps} 0..1e9 (picoseconds)")
         u32, u64 = self._arrays()
-        u64[_HEADER["insn_ps"][0] // 8] = insn_ps
-        u64[_HEADER["dram_ps"][0] // 8] = dram_ps
-        u32[_HEADER["store_miss_write"][0] // 4] = int(store_miss_write)
+        u64[_field("insn_ps")] = insn_ps
+        u64[_field("dram_ps")] = dram_ps
+        u32[_field("store_miss_write")] = int(store_miss_write)
 
     def set_mode(self, active: bool, wait_s: float = 60.0) -> None:
         """Ask the plugin to switch mode and wait until it has. The switch
         happens when a vCPU next translates code or idles (a running guest
         does both constantly); the plugin then flushes QEMU's translated code."""
         u32, _ = self._arrays()
-        u32[_HEADER["requested_mode"][0] // 4] = MODE_ACTIVE if active else MODE_DORMANT
+        u32[_field("requested_mode")] = MODE_ACTIVE if active else MODE_DORMANT
         deadline = time.monotonic() + wait_s
         while self.active != active:
             if self._u32_field("state") == STATE_EXITED or not pid_alive(self.qemu_pid):
@@ -421,13 +402,12 @@ class PluginCounters(Lifecycle):
         """The recorded ROI events from index ``start`` on (those still in the table)."""
         _, u64 = self._arrays()
         end = min(self.roi_event_count, self.roi_slots)
-        per_event = ROI_EVENT_BYTES // 8
+        per_event = ROI_EVENT_DTYPE.itemsize // 8
         rows = u64[self._roi_u64 + start * per_event : self._roi_u64 + end * per_event].copy()
         events = []
-        for k, row in enumerate(rows.reshape(-1, per_event)):
-            code = int(row[0]) & 0xFFFFFFFF
-            vcpu = (int(row[0]) >> 32) & 0xFFFF
-            values = dict(zip(VCPU_FIELDS[:-1], (int(x) for x in row[2:]), strict=False))
-            counters = VcpuCounters(**values, local_ps=int(row[1]))
-            events.append(RoiEvent(start + k, code >> 16, code & 0xFFFF, vcpu, counters))
+        for k, event in enumerate(rows.view(ROI_EVENT_DTYPE)):
+            values = zip(VCPU_FIELDS[:VCPU_COUNTERS], (int(x) for x in event["counters"]), strict=True)
+            counters = VcpuCounters(**dict(values), local_ps=int(event["local_ps"]))
+            code = int(event["code"])
+            events.append(RoiEvent(start + k, code >> 16, code & 0xFFFF, int(event["vcpu"]), counters))
         return events

@@ -2,8 +2,8 @@
 
 The plugin turns LLC misses and dirty write-backs in a CXL window into device
 requests and writes them into a single-producer/single-consumer ring in a
-shared-memory file (layout in ``cxlssd_plugin.c`` and docs/plugin.md). The
-records are :data:`~cxlssd.firmware.request.REQUEST_DTYPE`, so a chunk of the
+shared-memory file (layout: :mod:`.protocol`, ``cxlssd_abi.h``, docs/plugin.md).
+The records are :data:`~.protocol.REQUEST_DTYPE`, so a chunk of the
 ring is a numpy view that :meth:`Controller.process` takes as it is::
 
     with RequestRing(rundir / "plugin.ring") as ring:   # attaches as the consumer
@@ -26,31 +26,44 @@ from pathlib import Path
 
 import numpy as np
 
+from cxlssd.abi.protocol import (
+    REQUEST_DTYPE,
+    RING_ATTACHED,
+    RING_CONSUMER_GONE,
+    RING_CONSUMER_STALLED,
+    RING_DETACHED,
+    RING_DETACHED_NEVER,
+    RING_EXITED,
+    RING_HEADER_BYTES,
+    RING_HEADER_DTYPE,
+    RING_MAGIC,
+    RING_RUNNING,
+    RING_VERSION,
+    word,
+)
+from cxlssd.abi.shared_file import map_when_ready
 from cxlssd.errors import InputError
-from cxlssd.firmware.request import REQUEST_DTYPE
 from cxlssd.lifecycle import Lifecycle, pid_alive
-from cxlssd.platform.plugin.shared_file import map_when_ready
 
-MAGIC = int.from_bytes(b"CXLSSDRQ", "little")
-VERSION = 1
-HEADER_BYTES = 256
-# Producer states (header offset 56).
-RUNNING, EXITED, CONSUMER_GONE, CONSUMER_STALLED = 1, 2, 3, 4
-# Consumer states (header offset 136).
-DETACHED_NEVER, ATTACHED, DETACHED = 0, 1, 2
 STATE_NAMES = {
-    RUNNING: "running",
-    EXITED: "exited",
-    CONSUMER_GONE: "consumer gone",
-    CONSUMER_STALLED: "consumer stalled",
+    RING_RUNNING: "running",
+    RING_EXITED: "exited",
+    RING_CONSUMER_GONE: "consumer gone",
+    RING_CONSUMER_STALLED: "consumer stalled",
 }
 
-# u64 word indices in the header
-_W_FILE_BYTES, _W_QEMU_PID, _W_INSN_PS, _W_TIMEOUT = 3, 4, 5, 6
-_W_HEAD, _W_DROPPED, _W_FULL_WAITS, _W_WAIT_NS = 8, 9, 10, 11
-_W_TAIL, _W_CONSUMER_PID = 16, 18
-# u32 word indices
-_U_VERSION, _U_HEADER, _U_RECORD, _U_CAPACITY, _U_PRODUCER, _U_CONSUMER = 2, 3, 4, 5, 14, 34
+# u64 and u32 word indices in the header
+_W_QEMU_PID, _W_INSN_PS, _W_TIMEOUT = (
+    word(RING_HEADER_DTYPE, name) for name in ("qemu_pid", "insn_ps", "timeout_ns")
+)
+_W_HEAD, _W_DROPPED, _W_FULL_WAITS, _W_WAIT_NS = (
+    word(RING_HEADER_DTYPE, name) for name in ("head", "dropped", "full_waits", "wait_ns")
+)
+_W_TAIL, _W_CONSUMER_PID = word(RING_HEADER_DTYPE, "tail"), word(RING_HEADER_DTYPE, "consumer_pid")
+_U_VERSION, _U_HEADER, _U_RECORD, _U_CAPACITY, _U_PRODUCER, _U_CONSUMER = (
+    word(RING_HEADER_DTYPE, name)
+    for name in ("version", "header_bytes", "record_bytes", "capacity", "producer_state", "consumer_state")
+)
 
 
 def _holder_alive(pid: int) -> bool:
@@ -74,7 +87,7 @@ class RingStatus:
     wait_ns: int  # host ns the guest spent waiting on a full ring
     producer_state: int
     consumer_pid: int = 0  # the attached consumer's process, 0 if none
-    consumer_state: int = DETACHED_NEVER
+    consumer_state: int = RING_DETACHED_NEVER
 
     @property
     def state(self) -> str:
@@ -107,20 +120,30 @@ class RequestRing(Lifecycle):
     def open(self, timeout_s: float = 10.0) -> None:
         """Map the ring (waiting up to ``timeout_s`` for the plugin to create
         it) and attach as its consumer."""
-        self._attach(map_when_ready(self.path, HEADER_BYTES, MAGIC, timeout_s, "cxlssd request ring", "ring"))
+        self._attach(
+            map_when_ready(self.path, RING_HEADER_BYTES, RING_MAGIC, timeout_s, "cxlssd request ring", "ring")
+        )
 
     def _attach(self, mapped: mmap.mmap) -> None:
-        u32 = np.frombuffer(mapped, np.uint32, HEADER_BYTES // 4)
-        u64 = np.frombuffer(mapped, np.uint64, HEADER_BYTES // 8)
+        u32 = np.frombuffer(mapped, np.uint32, RING_HEADER_BYTES // 4)
+        u64 = np.frombuffer(mapped, np.uint64, RING_HEADER_BYTES // 8)
         capacity = int(u32[_U_CAPACITY])
         problem = None
-        if int(u32[_U_VERSION]) != VERSION:
-            problem = f"ring version {int(u32[_U_VERSION])}, this reader knows {VERSION}"
-        elif int(u32[_U_HEADER]) != HEADER_BYTES or int(u32[_U_RECORD]) != REQUEST_DTYPE.itemsize:
+        if int(u32[_U_VERSION]) != RING_VERSION:
+            problem = f"ring version {int(u32[_U_VERSION])}, this reader knows {RING_VERSION}"
+        elif int(u32[_U_HEADER]) != RING_HEADER_BYTES or int(u32[_U_RECORD]) != REQUEST_DTYPE.itemsize:
             problem = "header or record size does not match"
-        elif capacity < 2 or capacity & (capacity - 1) or HEADER_BYTES + capacity * 24 > len(mapped):
+        elif (
+            capacity < 2
+            or capacity & (capacity - 1)
+            or RING_HEADER_BYTES + capacity * REQUEST_DTYPE.itemsize > len(mapped)
+        ):
             problem = "capacity does not match the file"
-        elif self.consume and int(u32[_U_CONSUMER]) == ATTACHED and _holder_alive(int(u64[_W_CONSUMER_PID])):
+        elif (
+            self.consume
+            and int(u32[_U_CONSUMER]) == RING_ATTACHED
+            and _holder_alive(int(u64[_W_CONSUMER_PID]))
+        ):
             problem = f"another consumer (pid {int(u64[_W_CONSUMER_PID])}) is attached"
         if problem is not None:
             del u32, u64
@@ -128,7 +151,7 @@ class RequestRing(Lifecycle):
             raise InputError(f"{self.path}: not a usable request ring: {problem}")
         self._map = mapped
         self._u32, self._u64 = u32, u64
-        self._records = np.frombuffer(mapped, REQUEST_DTYPE, capacity, HEADER_BYTES)
+        self._records = np.frombuffer(mapped, REQUEST_DTYPE, capacity, RING_HEADER_BYTES)
         self.capacity = capacity
         self.insn_ps = int(u64[_W_INSN_PS])
         self.timeout_ns = int(u64[_W_TIMEOUT])
@@ -140,12 +163,12 @@ class RequestRing(Lifecycle):
             u64[_W_TAIL] = self._tail
             u64[_W_CONSUMER_PID] = os.getpid()
             # The pid before the state: the plugin checks the pid of an attached consumer.
-            u32[_U_CONSUMER] = ATTACHED
+            u32[_U_CONSUMER] = RING_ATTACHED
 
     def close(self) -> None:
         """Detach (the plugin then drops requests instead of waiting) and unmap."""
         if self._u32 is not None and self.consume:
-            self._u32[_U_CONSUMER] = DETACHED
+            self._u32[_U_CONSUMER] = RING_DETACHED
         self._u32 = self._u64 = self._records = None
         if self._map is not None:
             # A caller may still hold a chunk view: then it is unmapped when the last view goes.
@@ -178,7 +201,7 @@ class RequestRing(Lifecycle):
     def check(self) -> None:
         """A :class:`RingError` naming the cause if the plugin gave up on the consumer."""
         state = int(self._header()[0][_U_PRODUCER])
-        if state in (CONSUMER_GONE, CONSUMER_STALLED):
+        if state in (RING_CONSUMER_GONE, RING_CONSUMER_STALLED):
             status = self.status()
             raise RingError(
                 f"the plugin stopped queueing device requests ({status.state}; "
@@ -188,7 +211,7 @@ class RequestRing(Lifecycle):
 
     @property
     def producer_exited(self) -> bool:
-        return int(self._header()[0][_U_PRODUCER]) == EXITED
+        return int(self._header()[0][_U_PRODUCER]) == RING_EXITED
 
     def pending(self) -> int:
         """Records published and not yet released."""

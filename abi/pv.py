@@ -13,15 +13,13 @@ guest runtime (``guest/runtime/libcxlssd.c``) maps the BAR.
 * The firmware posts promotion and demotion decisions into a mailbox that the
   guest's promotion daemon (``host_os/``) drains.
 
-Layout v2 (little-endian): a 64-byte header (u64 magic ``"CXLSSDPV"``, u32
-version 2, u32 slots, u32 slot offset 64, u32 slot bytes 64; u32 features and
-u32 scheduler, written by the attached firmware; u32 mailbox offset 2048, u32
-mailbox entries), then one 64-byte slot per vCPU: u64 ``clock_ns``, u64 ``seq``
-(the clock read it answers; written after the clock), u64 ``query_ready_ns``,
-u64 ``query_long``, u64 ``query_ticket`` (written last), u64 ``arg0``, u64
-``arg1`` (the guest's arguments of a marker). The mailbox: u64 head (firmware),
-u64 tail (guest), at +64 the entries: u64 each, device page | 1 << 63 for a
-demotion. A clock of 0 means no firmware was attached.
+Layout v2 (:mod:`.protocol`, ``cxlssd_abi.h``): a 64-byte header (magic
+``"CXLSSDPV"``, the slots, the attached firmware's features and scheduler, the
+mailbox's offset and entries), one 64-byte slot per vCPU (the answer to its
+last clock read and long-delay query, the guest's arguments of a marker), the
+mailbox at offset 2048 (u64 head written by the firmware, u64 tail by the
+guest, then u64 entries: device page | 1 << 63 for a demotion). A clock of 0
+means no firmware was attached.
 """
 
 from __future__ import annotations
@@ -32,26 +30,33 @@ from pathlib import Path
 
 import numpy as np
 
-from cxlssd.firmware.profile import TASK_SCHEDULERS
+from cxlssd.abi.protocol import (
+    PV_BYTES,
+    PV_DEMOTE,
+    PV_HEADER_DTYPE,
+    PV_MAGIC,
+    PV_MAILBOX_DTYPE,
+    PV_SLOT_DTYPE,
+    TASK_SCHEDULERS,
+    offset,
+    word,
+)
+from cxlssd.abi.shared_file import map_when_ready
 from cxlssd.lifecycle import Lifecycle
-from cxlssd.platform.plugin.shared_file import map_when_ready
 
-MAGIC = int.from_bytes(b"CXLSSDPV", "little")
-PAGE_BYTES = 4096  # one page: the ivshmem BAR (a power of 2)
-HEADER_BYTES = SLOT_BYTES = 64
-#: header features: what the guest runtime and the promotion daemon should do
-FEATURE_CONTEXT_SWITCH = 1
-FEATURE_PROMOTION = 2
-DEMOTE = 1 << 63
-_FEATURES_WORD = 3  # u64 word 3 = u32 features | u32 scheduler << 32
-_QUERY_READY, _QUERY_LONG, _QUERY_TICKET = 2, 3, 4
+# u64 word of the header's u32 features (low half) and scheduler (high half)
+_FEATURES_WORD = offset(PV_HEADER_DTYPE, "features") // 8
+_CLOCK, _SEQ, _QUERY_READY, _QUERY_LONG, _QUERY_TICKET = (
+    word(PV_SLOT_DTYPE, name) for name in ("clock_ns", "seq", "query_ready_ns", "query_long", "query_ticket")
+)
+_HEAD, _TAIL = word(PV_MAILBOX_DTYPE, "head"), word(PV_MAILBOX_DTYPE, "tail")
 
 
 def create_page(path: Path) -> None:
     """Create the (zeroed) page before QEMU and the plugin map it; private to the owner."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
-        os.ftruncate(fd, PAGE_BYTES)
+        os.ftruncate(fd, PV_BYTES)
     finally:
         os.close(fd)
 
@@ -65,7 +70,7 @@ class PvPage(Lifecycle):
         self._u64: np.ndarray | None = None
 
     def open(self, timeout_s: float = 10.0) -> None:
-        self._map = map_when_ready(self.path, PAGE_BYTES, MAGIC, timeout_s, "cxlssd pv page", "pv")
+        self._map = map_when_ready(self.path, PV_BYTES, PV_MAGIC, timeout_s, "cxlssd pv page", "pv")
         self._u64 = np.frombuffer(self._map, np.uint64)
 
     def close(self) -> None:
@@ -87,30 +92,33 @@ class PvPage(Lifecycle):
             raise RuntimeError(f"pv page {self.path} is not open")
         return self._u64
 
-    def _u32(self, offset: int) -> int:
-        return int(self._words()[offset // 8]) >> (32 * (offset % 8 // 4)) & 0xFFFFFFFF
+    def _header(self, field: str) -> int:
+        """A u32 field of the header."""
+        at = offset(PV_HEADER_DTYPE, field)
+        return int(self._words()[at // 8]) >> (32 * (at % 8 // 4)) & 0xFFFFFFFF
 
     @property
     def slots(self) -> int:
-        return self._u32(12)
+        return self._header("slots")
 
     def set_features(self, features: int, scheduler: str = TASK_SCHEDULERS[0]) -> None:
         """Tell the guest what this run's design asks of it (0: nothing)."""
         self._words()[_FEATURES_WORD] = features | TASK_SCHEDULERS.index(scheduler) << 32
 
-    def _slot_word(self, vcpu: int, word: int) -> int:
-        return (HEADER_BYTES + vcpu * SLOT_BYTES) // 8 + word
+    def _slot_word(self, vcpu: int) -> int:
+        """The first u64 word of ``vcpu``'s slot (the slots follow the header)."""
+        return (PV_HEADER_DTYPE.itemsize + vcpu * PV_SLOT_DTYPE.itemsize) // 8
 
     def publish(self, vcpu: int, seq: int, clock_ns: int) -> None:
         """Answer clock read ``seq`` of ``vcpu``: the clock first, then the sequence
         number the plugin waits for (x86 keeps the two stores in order)."""
-        words, first = self._words(), self._slot_word(vcpu, 0)
-        words[first] = clock_ns
-        words[first + 1] = seq
+        words, first = self._words(), self._slot_word(vcpu)
+        words[first + _CLOCK] = clock_ns
+        words[first + _SEQ] = seq
 
     def answer_query(self, vcpu: int, ticket: int, long_delay: bool, ready_ns: int) -> None:
         """Answer ``vcpu``'s query ``ticket``; the ticket last, the plugin waits for it."""
-        words, first = self._words(), self._slot_word(vcpu, 0)
+        words, first = self._words(), self._slot_word(vcpu)
         words[first + _QUERY_READY] = ready_ns
         words[first + _QUERY_LONG] = int(long_delay)
         words[first + _QUERY_TICKET] = ticket
@@ -118,11 +126,10 @@ class PvPage(Lifecycle):
     def post(self, page: int, demote: bool) -> bool:
         """Post a decision to the mailbox; False (nothing posted) when it is full."""
         words = self._words()
-        offset, entries = self._u32(32), self._u32(36)
-        head_word = offset // 8
-        head, tail = int(words[head_word]), int(words[head_word + 1])
+        box, entries = self._header("mailbox_offset") // 8, self._header("mailbox_entries")
+        head, tail = int(words[box + _HEAD]), int(words[box + _TAIL])
         if head - tail >= entries:
             return False
-        words[(offset + 64) // 8 + head % entries] = page | (DEMOTE if demote else 0)
-        words[head_word] = head + 1  # after the entry: the daemon reads up to head
+        words[box + PV_MAILBOX_DTYPE.itemsize // 8 + head % entries] = page | (PV_DEMOTE if demote else 0)
+        words[box + _HEAD] = head + 1  # after the entry: the daemon reads up to head
         return True
