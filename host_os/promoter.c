@@ -13,8 +13,11 @@
  * the promoted page serves; DEMOTED; PROMOTE_FAILED when the page is gone). The kernel
  * copies the page, so the copy's device reads and writes are modelled as any others, and
  * this daemon's own instructions run on the guest's vCPUs: their time is on the modelled
- * clock. It polls the mailbox every --interval-us (default 1000) of guest wall-clock
- * time, backing off to 16x that while nothing comes.
+ * clock. It polls the mailbox every --interval-us (default 100) of guest wall-clock
+ * time, backing off to 16x that while nothing comes. The guest's clock follows its
+ * instructions (-icount, 1 ns each): 100 us is 100 k instructions of the busy vCPU,
+ * a few hundred of them the poll's own (1000 us let a short run end before the
+ * daemon looked twice).
  *
  * Without an attached design that promotes, it just runs COMMAND. Exit status: the
  * child's (128 + signal if it was killed), 2 for a usage error, 1 if it cannot start.
@@ -43,7 +46,11 @@
 #define PAGE_PRESENT (1ull << 63)
 #define MAX_BACKOFF 16u
 #define MAX_BATCH 256u
-#define SCAN_INTERVAL_MS 200 /* decisions carried out at a time (the mailbox holds 248) */
+/* Rescans of the child's page table at most this often (guest clock). The guest's
+ * clock follows its instructions (-icount: 1 ms = 1 M instructions), so this is a
+ * bound in work, not host time: 200 ms was longer than a whole small run, and pages
+ * mapped after the first scan were never found. */
+#define SCAN_INTERVAL_MS 5
 
 static const char USAGE[] = "usage: cxlssd-promote [--interval-us N] -- COMMAND [ARG...]\n";
 
@@ -265,7 +272,7 @@ static int exit_status(int status)
 
 int main(int argc, char **argv)
 {
-    unsigned long interval_us = 1000;
+    unsigned long interval_us = 100;
     int first = 1;
     while (first < argc && strcmp(argv[first], "--") != 0) {
         char *end;
