@@ -159,7 +159,8 @@ def test_store_misses_go_to_the_log_without_a_fetch_in_w_designs(default_platfor
     model = roi["device"]["model"]
     appends = Controller.from_profile(profile).latencies.log_append_ns
     assert model["writes"] >= 0.95 * report["steps"] and model["reads"] <= 0.01 * report["steps"], model
-    assert_close(ns_per_access(report, results), appends, "store misses into the write log")
+    # the device's part of each step: one append (the loop's own instructions come on top)
+    assert_close(roi["device_stall_ns"] / report["steps"], appends, "store misses into the write log")
     report, results, _ = run_chase(default_platform, "base-cssd", *stores, overrides=overrides)
     model = results["rois"][0]["device"]["model"]
     assert model["reads"] >= 0.95 * report["steps"], model  # reads for ownership
@@ -305,8 +306,10 @@ def test_guest_exec_design_prints_roi_results_and_records_a_trace(
 ) -> None:
     """The CLI end to end: its own guest, the firmware attached, ROI table printed."""
     results, trace = tmp_path / "results.json", tmp_path / "run.trace"
-    done = cli("guest", "exec", "--design", "skybyte-full", "--results", str(results),
-               "--record", str(trace), "--", "chase", "--bytes", "4M")
+    # capacities / 32: the 4 MiB written at start-up leaves the 1.75 MiB log for flash and
+    # the data cache, whose hits count towards promotion (log hits do not)
+    done = cli("guest", "exec", "--design", "skybyte-full", "--set", "scale.capacity_divisor=32",
+               "--results", str(results), "--record", str(trace), "--", "chase", "--bytes", "4M")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "== design skybyte-full: 1 regions of interest (modelled time)" in done.stdout
     data = json.loads(results.read_text())
