@@ -378,7 +378,7 @@ class PluginCounters(Lifecycle):
         u64[_field("dram_ps")] = dram_ps
         u32[_field("store_miss_write")] = int(store_miss_write)
 
-    def set_mode(self, active: bool, wait_s: float = 60.0) -> None:
+    def set_mode(self, active: bool, wait_s: float = 180.0) -> None:
         """Ask the plugin to switch mode and wait until it has. The switch
         happens when a vCPU next translates code or idles (a running guest
         does both constantly); the plugin then flushes QEMU's translated code."""
