@@ -197,7 +197,7 @@ class PluginCounters(Lifecycle):
     def _end(self, error: BaseException | None) -> None:
         self.close()
 
-    def open(self, timeout_s: float = 10.0) -> None:
+    def open(self, timeout_s: float = 60.0) -> None:
         """Map the file, waiting up to ``timeout_s`` for the plugin to create and
         initialise it. An :class:`InputError` if it never appears or is not a
         counters file of this layout version."""

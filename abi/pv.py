@@ -69,7 +69,7 @@ class PvPage(Lifecycle):
         self._map: mmap.mmap | None = None
         self._u64: np.ndarray | None = None
 
-    def open(self, timeout_s: float = 10.0) -> None:
+    def open(self, timeout_s: float = 60.0) -> None:
         self._map = map_when_ready(self.path, PV_BYTES, PV_MAGIC, timeout_s, "cxlssd pv page", "pv")
         self._u64 = np.frombuffer(self._map, np.uint64)
 

@@ -117,7 +117,7 @@ class RequestRing(Lifecycle):
     def _end(self, error: BaseException | None) -> None:
         self.close()
 
-    def open(self, timeout_s: float = 10.0) -> None:
+    def open(self, timeout_s: float = 60.0) -> None:
         """Map the ring (waiting up to ``timeout_s`` for the plugin to create
         it) and attach as its consumer."""
         self._attach(
