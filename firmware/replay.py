@@ -17,7 +17,7 @@ from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.live_switching import LiveContextSwitch, guest_driven
 from cxlssd.firmware.profile import Profile, load_profile
 from cxlssd.firmware.stream import StreamServer
-from cxlssd.firmware.synth import SynthSpec, generate
+from cxlssd.firmware.synth import SynthSpec, generate, synthesize
 from cxlssd.firmware.threads import ThreadedReplay
 from cxlssd.firmware.trace import TraceReader
 
@@ -119,7 +119,7 @@ def compare_designs(spec: SynthSpec, designs: Sequence[str]) -> list[dict[str, A
     for design in designs:
         profile = load_profile(design)
         if spec.threads > 1:
-            result = replay_threads(profile, np.concatenate(list(generate(spec))))
+            result = replay_threads(profile, synthesize(spec))
         else:
             result = replay(Controller.from_profile(profile), generate(spec))
         flash = result["counters"].get("flash", {})
