@@ -1,0 +1,410 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * cxlssd_helper - the guest kernel helper of the cxlssd platform (issue 14, docs/host-os.md).
+ *
+ * Foundation only: it finds the paravirtual page (the BAR 2 of the ivshmem-plain device
+ * whose first word is CXLSSD_PV_MAGIC) and notices "long delay" answers of the firmware
+ * there, by one of two paths whose skid (guest instructions between the long access and
+ * the kernel's reaction) tools/experiments measure:
+ *
+ *   - poll_ns=N: a pinned hrtimer per CPU reads its vCPU's pv slot every N ns of guest
+ *     time. Under -icount shift=0 guest time is 1 ns per instruction, so N bounds the
+ *     skid in instructions deterministically (plus the interrupt's entry).
+ *   - an ivshmem-doorbell device (PCI 1af4:1110 with MSI-X): its vector 0 is rung by the
+ *     host (an eventfd, QEMU's main loop, MSI-X); the handler reads the slot.
+ *
+ * Each reaction is an event (guest TSC, ticket, source, CPU) that user space reads from
+ * /dev/cxlssd_helper (read blocks until one is there; poll works): the promotion daemon
+ * can block on it, the skid probe matches events to its own accesses. Under -icount the
+ * TSC counts instructions, so TSC differences are instruction counts.
+ * /sys/class/misc/cxlssd_helper/stats has the counts. Unloading stops the timers, frees
+ * the vector and the mapping, and wakes every reader (it then gets EOF).
+ *
+ * Not here yet: parking the thread that got a long delay, promotion.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/cpu.h>
+#include <linux/device.h>
+#include <linux/fs.h>
+#include <linux/hrtimer.h>
+#include <linux/interrupt.h>
+#include <linux/io.h>
+#include <linux/miscdevice.h>
+#include <linux/module.h>
+#include <linux/pci.h>
+#include <linux/percpu.h>
+#include <linux/poll.h>
+#include <linux/spinlock.h>
+#include <linux/uaccess.h>
+#include <linux/wait.h>
+#include <asm/msr.h>
+
+#include "cxlssd_abi.h"
+
+#define IVSHMEM_VENDOR 0x1af4
+#define IVSHMEM_DEVICE 0x1110
+#define IVSHMEM_SHM_BAR 2
+#define EVENT_SLOTS 4096u /* a power of 2 */
+#define POLL_MIN_NS 1000ul
+
+enum cxlssd_helper_source { SOURCE_TIMER = 1, SOURCE_DOORBELL = 2 };
+
+/* One reaction, as read(2) returns it (little-endian, 32 bytes). */
+struct cxlssd_helper_event {
+	u64 tsc;	/* guest TSC when the kernel saw the answer */
+	u64 ticket;	/* the slot's query_ticket */
+	u64 ready_ns;	/* the slot's query_ready_ns */
+	u32 source;	/* enum cxlssd_helper_source */
+	u32 cpu;
+};
+
+static unsigned long poll_ns;
+module_param(poll_ns, ulong, 0444);
+MODULE_PARM_DESC(poll_ns, "poll each vCPU's pv slot every N ns of guest time (0: off; >= 1000)");
+
+struct helper_cpu {
+	struct hrtimer timer;
+	u64 last_ticket;
+	bool started;
+};
+
+static DEFINE_PER_CPU(struct helper_cpu, helper_cpus);
+
+static struct {
+	void *pv; /* the paravirtual page, or NULL */
+	struct pci_dev *pv_dev;
+	struct pci_dev *doorbell;
+	bool doorbell_irq;
+	spinlock_t lock;
+	struct cxlssd_helper_event events[EVENT_SLOTS];
+	u64 head, tail; /* under lock */
+	wait_queue_head_t readers;
+	bool stopping;
+	atomic64_t ticks, doorbells, reactions, dropped;
+} helper;
+
+static const struct cxlssd_pv_slot *pv_slot(unsigned int cpu)
+{
+	const struct cxlssd_pv_header *header = helper.pv;
+
+	if (!header || cpu >= READ_ONCE(header->slots))
+		return NULL;
+	return (const struct cxlssd_pv_slot *)((const char *)helper.pv + header->slot_offset +
+						(size_t)cpu * header->slot_bytes);
+}
+
+static void record(u64 tsc, const struct cxlssd_pv_slot *slot, u64 ticket, u32 source)
+{
+	struct cxlssd_helper_event *event;
+	unsigned long flags;
+
+	spin_lock_irqsave(&helper.lock, flags);
+	if (helper.head - helper.tail >= EVENT_SLOTS) {
+		spin_unlock_irqrestore(&helper.lock, flags);
+		atomic64_inc(&helper.dropped);
+		return;
+	}
+	event = &helper.events[helper.head % EVENT_SLOTS];
+	event->tsc = tsc;
+	event->ticket = ticket;
+	event->ready_ns = slot ? READ_ONCE(slot->query_ready_ns) : 0;
+	event->source = source;
+	event->cpu = smp_processor_id();
+	helper.head++;
+	spin_unlock_irqrestore(&helper.lock, flags);
+	atomic64_inc(&helper.reactions);
+	wake_up_interruptible(&helper.readers);
+}
+
+/* A new long-delay answer in this CPU's slot since the last look: record it. */
+static void check_slot(u64 tsc, u32 source)
+{
+	struct helper_cpu *me = this_cpu_ptr(&helper_cpus);
+	const struct cxlssd_pv_slot *slot = pv_slot(smp_processor_id());
+	u64 ticket;
+
+	if (!slot)
+		return;
+	ticket = READ_ONCE(slot->query_ticket); /* written last by the firmware */
+	if (ticket == me->last_ticket)
+		return;
+	me->last_ticket = ticket;
+	smp_rmb();
+	if (READ_ONCE(slot->query_long))
+		record(tsc, slot, ticket, source);
+}
+
+static enum hrtimer_restart poll_tick(struct hrtimer *timer)
+{
+	u64 tsc = rdtsc_ordered();
+
+	atomic64_inc(&helper.ticks);
+	check_slot(tsc, SOURCE_TIMER);
+	hrtimer_forward_now(timer, ns_to_ktime(poll_ns));
+	return HRTIMER_RESTART;
+}
+
+static void start_poll(void *unused)
+{
+	struct helper_cpu *me = this_cpu_ptr(&helper_cpus);
+	const struct cxlssd_pv_slot *slot = pv_slot(smp_processor_id());
+
+	me->last_ticket = slot ? READ_ONCE(slot->query_ticket) : 0;
+	hrtimer_init(&me->timer, CLOCK_MONOTONIC, HRTIMER_MODE_REL_PINNED_HARD);
+	me->timer.function = poll_tick;
+	me->started = true;
+	hrtimer_start(&me->timer, ns_to_ktime(poll_ns), HRTIMER_MODE_REL_PINNED_HARD);
+}
+
+static void stop_polls(void)
+{
+	unsigned int cpu;
+
+	for_each_possible_cpu(cpu) {
+		struct helper_cpu *state = per_cpu_ptr(&helper_cpus, cpu);
+
+		if (state->started) {
+			hrtimer_cancel(&state->timer);
+			state->started = false;
+		}
+	}
+}
+
+static irqreturn_t doorbell_irq(int irq, void *data)
+{
+	u64 tsc = rdtsc_ordered();
+	const struct cxlssd_pv_slot *slot = pv_slot(smp_processor_id());
+
+	atomic64_inc(&helper.doorbells);
+	/* The doorbell says "look now": record even a ticket the timer already saw. */
+	record(tsc, slot, slot ? READ_ONCE(slot->query_ticket) : 0, SOURCE_DOORBELL);
+	return IRQ_HANDLED;
+}
+
+/* ---- the ivshmem-doorbell device (MSI-X) ------------------------------------------- */
+
+static int doorbell_probe(struct pci_dev *pdev, const struct pci_device_id *id)
+{
+	int err;
+
+	/* ivshmem-plain (the pv page) has no MSI-X: leave it to user space's resource2. */
+	if (!pci_find_capability(pdev, PCI_CAP_ID_MSIX))
+		return -ENODEV;
+	if (helper.doorbell) {
+		dev_info(&pdev->dev, "a second ivshmem-doorbell device: ignored\n");
+		return -EBUSY;
+	}
+	err = pci_enable_device(pdev);
+	if (err)
+		return err;
+	err = pci_alloc_irq_vectors(pdev, 1, 1, PCI_IRQ_MSIX);
+	if (err < 0) {
+		dev_err(&pdev->dev, "cannot allocate its MSI-X vector (%d)\n", err);
+		goto disable;
+	}
+	err = request_irq(pci_irq_vector(pdev, 0), doorbell_irq, 0, KBUILD_MODNAME, pdev);
+	if (err) {
+		dev_err(&pdev->dev, "cannot request its MSI-X interrupt (%d)\n", err);
+		goto vectors;
+	}
+	helper.doorbell = pdev;
+	dev_info(&pdev->dev, "ivshmem-doorbell: vector 0 on irq %d\n", pci_irq_vector(pdev, 0));
+	return 0;
+vectors:
+	pci_free_irq_vectors(pdev);
+disable:
+	pci_disable_device(pdev);
+	return err;
+}
+
+static void doorbell_remove(struct pci_dev *pdev)
+{
+	if (helper.doorbell != pdev)
+		return;
+	free_irq(pci_irq_vector(pdev, 0), pdev);
+	pci_free_irq_vectors(pdev);
+	pci_disable_device(pdev);
+	helper.doorbell = NULL;
+}
+
+static const struct pci_device_id doorbell_ids[] = {
+	{ PCI_DEVICE(IVSHMEM_VENDOR, IVSHMEM_DEVICE) },
+	{ }
+};
+/* No MODULE_DEVICE_TABLE: the module is insmod-ed by the platform, never autoloaded. */
+
+static struct pci_driver doorbell_driver = {
+	.name = KBUILD_MODNAME,
+	.id_table = doorbell_ids,
+	.probe = doorbell_probe,
+	.remove = doorbell_remove,
+};
+
+/* ---- the paravirtual page ----------------------------------------------------------- */
+
+static void map_pv_page(void)
+{
+	struct pci_dev *pdev = NULL;
+
+	while ((pdev = pci_get_device(IVSHMEM_VENDOR, IVSHMEM_DEVICE, pdev))) {
+		resource_size_t start = pci_resource_start(pdev, IVSHMEM_SHM_BAR);
+		void *page;
+
+		if (!start || pci_resource_len(pdev, IVSHMEM_SHM_BAR) < CXLSSD_PV_BYTES)
+			continue;
+		/* Not requested: user space (libcxlssd, the daemon) maps it through resource2. */
+		page = memremap(start, CXLSSD_PV_BYTES, MEMREMAP_WB);
+		if (!page)
+			continue;
+		if (READ_ONCE(*(u64 *)page) == CXLSSD_PV_MAGIC) {
+			helper.pv = page;
+			helper.pv_dev = pdev; /* keeps the reference */
+			return;
+		}
+		memunmap(page);
+	}
+}
+
+/* ---- /dev/cxlssd_helper -------------------------------------------------------------- */
+
+static bool readable(void)
+{
+	bool ready;
+
+	spin_lock_irq(&helper.lock);
+	ready = helper.head != helper.tail || helper.stopping;
+	spin_unlock_irq(&helper.lock);
+	return ready;
+}
+
+static ssize_t helper_read(struct file *file, char __user *buf, size_t count, loff_t *pos)
+{
+	struct cxlssd_helper_event batch[16];
+	size_t n = 0, max = min_t(size_t, count / sizeof(batch[0]), ARRAY_SIZE(batch));
+	int err;
+
+	if (max == 0)
+		return -EINVAL;
+	if (!(file->f_flags & O_NONBLOCK)) {
+		err = wait_event_interruptible(helper.readers, readable());
+		if (err)
+			return err;
+	}
+	spin_lock_irq(&helper.lock);
+	while (n < max && helper.tail != helper.head)
+		batch[n++] = helper.events[helper.tail++ % EVENT_SLOTS];
+	spin_unlock_irq(&helper.lock);
+	if (n == 0)
+		return helper.stopping ? 0 : -EAGAIN;
+	if (copy_to_user(buf, batch, n * sizeof(batch[0])))
+		return -EFAULT;
+	return n * sizeof(batch[0]);
+}
+
+static __poll_t helper_poll(struct file *file, poll_table *wait)
+{
+	poll_wait(file, &helper.readers, wait);
+	return readable() ? EPOLLIN | EPOLLRDNORM : 0;
+}
+
+static const struct file_operations helper_fops = {
+	.owner = THIS_MODULE,
+	.read = helper_read,
+	.poll = helper_poll,
+	.llseek = noop_llseek,
+};
+
+static ssize_t stats_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "pv %d poll_ns %lu doorbell %d ticks %lld doorbells %lld reactions %lld dropped %lld\n",
+			  helper.pv != NULL, poll_ns, helper.doorbell != NULL,
+			  atomic64_read(&helper.ticks), atomic64_read(&helper.doorbells),
+			  atomic64_read(&helper.reactions), atomic64_read(&helper.dropped));
+}
+static DEVICE_ATTR_RO(stats);
+
+static struct attribute *helper_attrs[] = { &dev_attr_stats.attr, NULL };
+ATTRIBUTE_GROUPS(helper);
+
+static struct miscdevice helper_misc = {
+	.minor = MISC_DYNAMIC_MINOR,
+	.name = "cxlssd_helper",
+	.fops = &helper_fops,
+	.groups = helper_groups,
+	.mode = 0600,
+};
+
+/* ---- load and unload ------------------------------------------------------------------ */
+
+static void release_pv(void)
+{
+	if (helper.pv) {
+		memunmap(helper.pv);
+		helper.pv = NULL;
+	}
+	pci_dev_put(helper.pv_dev);
+	helper.pv_dev = NULL;
+}
+
+static int __init helper_init(void)
+{
+	int err;
+
+	if (poll_ns && poll_ns < POLL_MIN_NS) {
+		pr_err("poll_ns=%lu is below %lu: refused\n", poll_ns, POLL_MIN_NS);
+		return -EINVAL;
+	}
+	spin_lock_init(&helper.lock);
+	init_waitqueue_head(&helper.readers);
+	map_pv_page();
+	if (!helper.pv && poll_ns) {
+		pr_err("poll_ns=%lu but no paravirtual page (an ivshmem BAR 2 starting with the pv magic): "
+		       "boot the guest with the platform's plugin\n", poll_ns);
+		return -ENODEV;
+	}
+	err = misc_register(&helper_misc);
+	if (err) {
+		pr_err("cannot register /dev/%s (%d)\n", helper_misc.name, err);
+		goto pv;
+	}
+	err = pci_register_driver(&doorbell_driver);
+	if (err) {
+		pr_err("cannot register the ivshmem-doorbell driver (%d)\n", err);
+		goto misc;
+	}
+	if (poll_ns) {
+		cpus_read_lock();
+		on_each_cpu(start_poll, NULL, 1);
+		cpus_read_unlock();
+	}
+	pr_info("loaded: pv page %s, poll every %lu ns%s, doorbell %s\n",
+		helper.pv ? "found" : "absent", poll_ns, poll_ns ? "" : " (off)",
+		helper.doorbell ? pci_name(helper.doorbell) : "absent");
+	return 0;
+misc:
+	misc_deregister(&helper_misc);
+pv:
+	release_pv();
+	return err;
+}
+
+static void __exit helper_exit(void)
+{
+	stop_polls();
+	pci_unregister_driver(&doorbell_driver);
+	spin_lock_irq(&helper.lock);
+	helper.stopping = true;
+	spin_unlock_irq(&helper.lock);
+	wake_up_interruptible_all(&helper.readers);
+	misc_deregister(&helper_misc); /* open files keep the module: no reader is left here */
+	release_pv();
+	pr_info("unloaded: %lld ticks, %lld doorbells, %lld reactions, %lld dropped\n",
+		atomic64_read(&helper.ticks), atomic64_read(&helper.doorbells),
+		atomic64_read(&helper.reactions), atomic64_read(&helper.dropped));
+}
+
+module_init(helper_init);
+module_exit(helper_exit);
+MODULE_LICENSE("GPL");
+MODULE_DESCRIPTION("cxlssd guest kernel helper: long-delay answers from the paravirtual page");

@@ -1,0 +1,252 @@
+/*
+ * skidprobe - measure the skid of the guest kernel helper (host_os/kmod/cxlssd_helper.c):
+ * how many guest instructions run between a long access and the kernel's reaction to
+ * the firmware's "long delay" answer.
+ *
+ *     skidprobe skid BYTES SAMPLES SPIN SEED   (run bound to the CXL node: numactl --membind)
+ *     skidprobe spin ITERATIONS
+ *
+ * skid: touches BYTES of memory, then SAMPLES times reads one random line of it as a
+ * long-delay query (the QUERY marker and a one-byte load, as cxlssd_await does: the
+ * plugin holds the vCPU until the firmware has answered in the pv slot), reads the guest
+ * TSC right after the load (t1) and, if the answer is "long", spins SPIN iterations of a
+ * two-instruction loop while the kernel reacts. The kernel's events (its TSC at the
+ * reaction and the ticket) come from /dev/cxlssd_helper; skid = event TSC - t1. Under
+ * -icount shift=0 the TSC counts guest instructions. Prints one JSON object.
+ *
+ * spin: the TSC ticks a loop of ITERATIONS x 2 instructions takes (the instruction clock's
+ * check, and with the helper polling, its cost: ticks / (2 x ITERATIONS) - 1).
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <x86intrin.h>
+
+#include "cxlssd_abi.h"
+
+struct helper_event { /* struct cxlssd_helper_event of the module */
+    uint64_t tsc, ticket, ready_ns;
+    uint32_t source, cpu;
+};
+
+#define SOURCE_TIMER 1u
+#define SOURCE_DOORBELL 2u
+#define DRAIN_TIMEOUT_MS 2000
+
+static uint64_t tsc(void)
+{
+    unsigned aux;
+    return __rdtscp(&aux);
+}
+
+static void spin(uint64_t iterations)
+{
+    if (iterations == 0) {
+        return;
+    }
+    __asm__ volatile("1: dec %0\n\tjnz 1b" : "+r"(iterations) : : "cc");
+}
+
+static int read_hex(const char *dir, const char *name, unsigned *value)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return -1;
+    }
+    int ok = fscanf(f, "%x", value) == 1;
+    fclose(f);
+    return ok ? 0 : -1;
+}
+
+/* The paravirtual page: the ivshmem BAR 2 that starts with the pv magic. */
+static volatile uint64_t *map_pv_page(void)
+{
+    DIR *devices = opendir("/sys/bus/pci/devices");
+    struct dirent *entry;
+    volatile uint64_t *found = NULL;
+    while (devices != NULL && found == NULL && (entry = readdir(devices)) != NULL) {
+        char dir[300], bar[320];
+        unsigned vendor, device;
+        snprintf(dir, sizeof dir, "/sys/bus/pci/devices/%s", entry->d_name);
+        if (entry->d_name[0] == '.' || read_hex(dir, "vendor", &vendor) || read_hex(dir, "device", &device) ||
+            vendor != 0x1af4 || device != 0x1110) {
+            continue;
+        }
+        snprintf(bar, sizeof bar, "%s/resource2", dir);
+        int fd = open(bar, O_RDWR | O_SYNC | O_CLOEXEC);
+        if (fd < 0) {
+            continue;
+        }
+        void *map = mmap(NULL, CXLSSD_PV_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+        if (map != MAP_FAILED && ((volatile uint64_t *)map)[0] == CXLSSD_PV_MAGIC) {
+            found = map;
+        } else if (map != MAP_FAILED) {
+            munmap(map, CXLSSD_PV_BYTES);
+        }
+    }
+    if (devices != NULL) {
+        closedir(devices);
+    }
+    return found;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void print_list(const char *name, uint64_t *values, size_t n)
+{
+    qsort(values, n, sizeof values[0], cmp_u64);
+    printf("\"%s\": [", name);
+    for (size_t i = 0; i < n; i++) {
+        printf("%s%" PRIu64, i ? ", " : "", values[i]);
+    }
+    printf("]");
+}
+
+static uint64_t next_random(uint64_t *state)
+{
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return *state;
+}
+
+static int run_skid(uint64_t bytes, size_t samples, uint64_t spin_iterations, uint64_t seed)
+{
+    volatile uint64_t *page = map_pv_page();
+    if (page == NULL) {
+        fprintf(stderr, "skidprobe: no paravirtual page (boot with the platform's plugin)\n");
+        return 1;
+    }
+    const volatile struct cxlssd_pv_header *header = (const volatile void *)page;
+    unsigned cpu = (unsigned)sched_getcpu();
+    if (cpu >= header->slots) {
+        fprintf(stderr, "skidprobe: CPU %u has no pv slot\n", cpu);
+        return 1;
+    }
+    const volatile struct cxlssd_pv_slot *slot =
+        (const volatile void *)((const volatile char *)page + header->slot_offset + cpu * header->slot_bytes);
+    int fd = open("/dev/cxlssd_helper", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        fprintf(stderr, "skidprobe: /dev/cxlssd_helper: %s (is cxlssd_helper loaded?)\n", strerror(errno));
+        return 1;
+    }
+    unsigned char *data = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    uint64_t *tickets = calloc(samples, sizeof *tickets), *t1s = calloc(samples, sizeof *t1s);
+    uint64_t *timer = calloc(samples * 2, sizeof *timer), *doorbell = calloc(samples * 2, sizeof *doorbell);
+    uint64_t *query = calloc(samples, sizeof *query);
+    if (data == MAP_FAILED || !tickets || !t1s || !timer || !doorbell || !query) {
+        fprintf(stderr, "skidprobe: out of memory\n");
+        return 1;
+    }
+    for (uint64_t i = 0; i < bytes; i += 4096) {
+        data[i] = (unsigned char)i;
+    }
+    size_t longs = 0, shorts = 0, n_timer = 0, n_doorbell = 0, unmatched = 0, late = 0;
+    struct helper_event events[64];
+    uint64_t state = seed | 1;
+    for (size_t s = 0; s < samples + 1; s++) {
+        /* Drain what came meanwhile (also after the last sample, with a deadline). */
+        for (;;) {
+            if (s == samples) {
+                struct pollfd waiter = {.fd = fd, .events = POLLIN};
+                if (poll(&waiter, 1, DRAIN_TIMEOUT_MS) <= 0) {
+                    break;
+                }
+            }
+            ssize_t got = read(fd, events, sizeof events);
+            if (got <= 0) {
+                break;
+            }
+            for (size_t e = 0; e < (size_t)got / sizeof events[0]; e++) {
+                size_t k = longs;
+                while (k > 0 && tickets[k - 1] != events[e].ticket) {
+                    k--;
+                }
+                if (k == 0 || events[e].tsc < t1s[k - 1]) {
+                    unmatched++;
+                    continue;
+                }
+                if (k != longs) {
+                    late++; /* after the sample's spin ended */
+                }
+                uint64_t skid = events[e].tsc - t1s[k - 1];
+                if (events[e].source == SOURCE_TIMER) {
+                    timer[n_timer++] = skid;
+                } else {
+                    doorbell[n_doorbell++] = skid;
+                }
+            }
+        }
+        if (s == samples) {
+            break;
+        }
+        const volatile unsigned char *p = data + (next_random(&state) % (bytes / 64)) * 64;
+        unsigned value;
+        uint64_t t0 = tsc();
+        __asm__ volatile(".byte 0x0f,0x1f,0x84,0x00\n\t.long %c1\n\tmovzbl (%2), %0"
+                         : "=r"(value)
+                         : "i"(CXLSSD_MARKER_DISP(CXLSSD_CMD_QUERY, 0u)), "r"(p)
+                         : "memory");
+        uint64_t t1 = tsc();
+        (void)value;
+        if (!slot->query_long) {
+            shorts++;
+            continue;
+        }
+        query[longs] = t1 - t0;
+        tickets[longs] = slot->query_ticket;
+        t1s[longs++] = t1;
+        spin(spin_iterations);
+    }
+    printf("{\"mode\": \"skid\", \"samples\": %zu, \"long\": %zu, \"short\": %zu, \"spin_iterations\": %" PRIu64
+           ", \"unmatched\": %zu, \"late\": %zu, ",
+           samples, longs, shorts, spin_iterations, unmatched, late);
+    print_list("query_ticks", query, longs);
+    printf(", ");
+    print_list("timer_skid", timer, n_timer);
+    printf(", ");
+    print_list("doorbell_skid", doorbell, n_doorbell);
+    printf("}\n");
+    close(fd);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && strcmp(argv[1], "spin") == 0) {
+        uint64_t iterations = strtoull(argv[2], NULL, 0);
+        uint64_t t0 = tsc();
+        spin(iterations);
+        uint64_t t1 = tsc();
+        printf("{\"mode\": \"spin\", \"iterations\": %" PRIu64 ", \"ticks\": %" PRIu64 "}\n", iterations, t1 - t0);
+        return 0;
+    }
+    if (argc == 6 && strcmp(argv[1], "skid") == 0) {
+        uint64_t bytes = strtoull(argv[2], NULL, 0);
+        size_t samples = strtoull(argv[3], NULL, 0);
+        if (bytes < 4096 || samples == 0) {
+            fprintf(stderr, "skidprobe: BYTES >= 4096 and SAMPLES > 0\n");
+            return 2;
+        }
+        return run_skid(bytes, samples, strtoull(argv[4], NULL, 0), strtoull(argv[5], NULL, 0));
+    }
+    fprintf(stderr, "usage: skidprobe skid BYTES SAMPLES SPIN SEED | skidprobe spin ITERATIONS\n");
+    return 2;
+}

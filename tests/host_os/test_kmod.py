@@ -1,0 +1,135 @@
+"""The guest kernel helper (issue 14): its build inputs, the ivshmem server of the doorbell,
+and (booting a guest) the module loading, reacting to long-delay answers and unloading
+cleanly. host_os/kmod/; the skid it is measured for: experiments/kmod_skid.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cxlssd.errors import PrerequisiteError
+from cxlssd.host_os.kmod.build import kernel_release
+from cxlssd.host_os.kmod.doorbell import PEER_ID, DoorbellServer
+
+
+def fake_bzimage(path: Path, version: str) -> Path:
+    data = bytearray(0x600)
+    data[0x202:0x206] = b"HdrS"
+    data[0x20E:0x210] = (0x400 - 0x200).to_bytes(2, "little")
+    data[0x400:0x400 + len(version)] = version.encode()
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_the_kernel_release_is_read_from_the_bzimage_header(tmp_path: Path) -> None:
+    image = fake_bzimage(tmp_path / "vmlinuz", "6.12.117+deb13-amd64 (debian-kernel@lists.debian.org) #1 SMP")
+    assert kernel_release(image) == "6.12.117+deb13-amd64"
+
+
+def test_a_file_that_is_no_bzimage_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "vmlinuz").write_bytes(b"\0" * 0x600)
+    with pytest.raises(PrerequisiteError, match="not a bzImage"):
+        kernel_release(tmp_path / "vmlinuz")
+
+
+def receive(peer: socket.socket) -> tuple[int, list[int]]:
+    data, fds, _, _ = socket.recv_fds(peer, 8, 1)
+    assert len(data) == 8
+    return struct.unpack("<q", data)[0], fds
+
+
+def test_the_doorbell_server_speaks_the_ivshmem_protocol_and_rings_the_peers_vector() -> None:
+    with DoorbellServer(vectors=2) as server:
+        assert server.socket_path is not None
+        assert server.qemu_args()[1].startswith(f"socket,path={server.socket_path},")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer:
+            peer.settimeout(10)
+            peer.connect(str(server.socket_path))
+            assert receive(peer) == (0, [])  # protocol version
+            assert receive(peer) == (PEER_ID, [])  # our id
+            value, (shm,) = receive(peer)
+            assert value == -1 and os.fstat(shm).st_size == 4096
+            vectors = [receive(peer) for _ in range(2)]
+            assert [value for value, _ in vectors] == [PEER_ID, PEER_ID]
+            assert server.connected.wait(10)
+            server.ring(1)
+            assert os.eventfd_read(vectors[1][1][0]) == 1  # QEMU would raise vector 1
+            for fd in (shm, *(fds[0] for _, fds in vectors)):
+                os.close(fd)
+        directory = server.socket_path.parent
+    assert not directory.exists()
+
+
+# ---- in a guest -----------------------------------------------------------------------
+
+POLL_NS = 20_000
+SMALL_SSD = ("ssd_dram.size_bytes=2MiB", "write_log.size_bytes=256KiB")
+
+
+@pytest.fixture(scope="module")
+def helper_tree() -> Path:
+    from cxlssd.guest.image import ensure_image
+    from cxlssd.host_os.kmod.build import ensure_module
+
+    return ensure_module(ensure_image().kernel)
+
+
+@pytest.fixture
+def guest_with_helper(default_platform: object, helper_tree: Path) -> Iterator[object]:
+    from cxlssd.host_os.kmod.load import install_helper
+
+    install_helper(default_platform.guest(), helper_tree)  # type: ignore[attr-defined]
+    yield default_platform
+
+
+@pytest.mark.guest
+def test_the_helper_loads_reacts_to_long_delays_within_its_period_and_unloads_cleanly(
+    guest_with_helper: object, helper_tree: Path,
+) -> None:
+    from cxlssd.host_os.kmod.load import GUEST_DIR, helper_stats, is_loaded, load_helper, unload_helper
+
+    platform = guest_with_helper
+    guest = platform.guest()  # type: ignore[attr-defined]
+    guest.run(["dmesg", "-C"], check=True)
+    load_helper(guest, helper_tree, poll_ns=POLL_NS)
+    try:
+        assert helper_stats(guest)["pv"] == 1
+        with platform.attach("skybyte-c", SMALL_SSD) as session:  # type: ignore[attr-defined]
+            _, out, _ = session.run([f"{GUEST_DIR}/skidprobe", "skid", str(16 << 20), "40",
+                                     str(2 * POLL_NS), "7"], check=True)
+        probe = json.loads(out)
+        assert probe["long"] >= 20 and probe["unmatched"] == 0
+        # Every long answer seen once by the timer, within its period (+ the interrupt's entry).
+        assert len(probe["timer_skid"]) == probe["long"]
+        assert max(probe["timer_skid"]) < POLL_NS + 5_000
+    finally:
+        unload_helper(guest)
+    assert not is_loaded(guest)
+    _, dmesg, _ = guest.run(["dmesg"], check=True)
+    lines = dmesg.decode(errors="replace").splitlines()
+    assert any("cxlssd_helper: loaded" in line for line in lines)
+    assert any("cxlssd_helper: unloaded" in line for line in lines)
+    # Clean: only the expected notice of an unsigned out-of-tree module.
+    noise = [line for line in lines if "cxlssd_helper" not in line or
+             any(word in line.lower() for word in ("warn", "bug", "oops", "call trace", "error"))]
+    assert [line for line in noise if "taints kernel" not in line and "verification failed" not in line] == []
+
+
+@pytest.mark.guest
+def test_a_helper_built_for_another_kernel_is_refused_with_the_fix(
+    guest_with_helper: object, helper_tree: Path, tmp_path: Path,
+) -> None:
+    from cxlssd.errors import GuestError
+    from cxlssd.host_os.kmod.load import load_helper
+
+    other = tmp_path / "tree"
+    other.mkdir()
+    (other / "release").write_text("6.1.0-99-amd64\n")
+    with pytest.raises(GuestError, match=r"built for kernel 6\.1\.0-99-amd64 but the guest runs .*ensure_module"):
+        load_helper(guest_with_helper.guest(), other)  # type: ignore[attr-defined]
