@@ -198,6 +198,8 @@ static int doorbell_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	err = pci_enable_device(pdev);
 	if (err)
 		return err;
+	/* QEMU sends an MSI as a write on the device's bus-master address space. */
+	pci_set_master(pdev);
 	err = pci_alloc_irq_vectors(pdev, 1, 1, PCI_IRQ_MSIX);
 	if (err < 0) {
 		dev_err(&pdev->dev, "cannot allocate its MSI-X vector (%d)\n", err);
@@ -214,6 +216,7 @@ static int doorbell_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 vectors:
 	pci_free_irq_vectors(pdev);
 disable:
+	pci_clear_master(pdev);
 	pci_disable_device(pdev);
 	return err;
 }
@@ -224,6 +227,7 @@ static void doorbell_remove(struct pci_dev *pdev)
 		return;
 	free_irq(pci_irq_vector(pdev, 0), pdev);
 	pci_free_irq_vectors(pdev);
+	pci_clear_master(pdev);
 	pci_disable_device(pdev);
 	helper.doorbell = NULL;
 }

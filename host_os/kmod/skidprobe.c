@@ -8,11 +8,14 @@
  *
  * skid: touches BYTES of memory, then SAMPLES times reads one random line of it as a
  * long-delay query (the QUERY marker and a one-byte load, as cxlssd_await does: the
- * plugin holds the vCPU until the firmware has answered in the pv slot), reads the guest
- * TSC right after the load (t1) and, if the answer is "long", spins SPIN iterations of a
- * two-instruction loop while the kernel reacts. The kernel's events (its TSC at the
- * reaction and the ticket) come from /dev/cxlssd_helper; skid = event TSC - t1. Under
- * -icount shift=0 the TSC counts guest instructions. Prints one JSON object.
+ * plugin holds the vCPU until the firmware has answered in the pv slot), between two
+ * reads of the guest TSC (t0 before the marker, t1 after the load; t1 - t0 is
+ * query_ticks) and, if the answer is "long", spins SPIN iterations of a two-instruction
+ * loop while the kernel reacts. The kernel's events (its TSC at the reaction and the
+ * ticket) come from /dev/cxlssd_helper; skid = event TSC - t0: from just before the
+ * access (the kernel may react before t1 is read), so it includes the few instructions
+ * of the access and the TSC read (query_ticks without an interrupt). Under -icount
+ * shift=0 the TSC counts guest instructions. Prints one JSON object.
  *
  * spin: the TSC ticks a loop of ITERATIONS x 2 instructions takes (the instruction clock's
  * check, and with the helper polling, its cost: ticks / (2 x ITERATIONS) - 1).
@@ -148,10 +151,10 @@ static int run_skid(uint64_t bytes, size_t samples, uint64_t spin_iterations, ui
         return 1;
     }
     unsigned char *data = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    uint64_t *tickets = calloc(samples, sizeof *tickets), *t1s = calloc(samples, sizeof *t1s);
+    uint64_t *tickets = calloc(samples, sizeof *tickets), *t0s = calloc(samples, sizeof *t0s);
     uint64_t *timer = calloc(samples * 2, sizeof *timer), *doorbell = calloc(samples * 2, sizeof *doorbell);
     uint64_t *query = calloc(samples, sizeof *query);
-    if (data == MAP_FAILED || !tickets || !t1s || !timer || !doorbell || !query) {
+    if (data == MAP_FAILED || !tickets || !t0s || !timer || !doorbell || !query) {
         fprintf(stderr, "skidprobe: out of memory\n");
         return 1;
     }
@@ -179,14 +182,14 @@ static int run_skid(uint64_t bytes, size_t samples, uint64_t spin_iterations, ui
                 while (k > 0 && tickets[k - 1] != events[e].ticket) {
                     k--;
                 }
-                if (k == 0 || events[e].tsc < t1s[k - 1]) {
+                if (k == 0 || events[e].tsc < t0s[k - 1]) {
                     unmatched++;
                     continue;
                 }
                 if (k != longs) {
                     late++; /* after the sample's spin ended */
                 }
-                uint64_t skid = events[e].tsc - t1s[k - 1];
+                uint64_t skid = events[e].tsc - t0s[k - 1];
                 if (events[e].source == SOURCE_TIMER) {
                     timer[n_timer++] = skid;
                 } else {
@@ -212,7 +215,7 @@ static int run_skid(uint64_t bytes, size_t samples, uint64_t spin_iterations, ui
         }
         query[longs] = t1 - t0;
         tickets[longs] = slot->query_ticket;
-        t1s[longs++] = t1;
+        t0s[longs++] = t0;
         spin(spin_iterations);
     }
     printf("{\"mode\": \"skid\", \"samples\": %zu, \"long\": %zu, \"short\": %zu, \"spin_iterations\": %" PRIu64
