@@ -33,6 +33,7 @@ import argparse
 import json
 import logging
 import mmap
+import os
 import statistics
 import threading
 import time
@@ -58,6 +59,8 @@ FOOTPRINT_BYTES = 16 << 20
 SPIN_CHECK_ITERATIONS = 5_000_000
 DOORBELL_SPIN_ITERATIONS = 2_000_000  # 4 M instructions: longer than any skid seen
 PROBE_TIMEOUT_S = 1800.0
+DEFAULT_PERIODS = "5000,20000,100000"
+PLUGIN_DOORBELL_ENV = "CXLSSD_PLUGIN_DOORBELL_FD"
 _QUERY_LONG, _QUERY_TICKET = word(PV_SLOT_DTYPE, "query_long"), word(PV_SLOT_DTYPE, "query_ticket")
 
 
@@ -145,56 +148,87 @@ def timer_run(platform: Platform, tree: Path, poll_ns: int, skid_argv: list[str]
 
 
 def doorbell_run(platform: Platform, tree: Path, server: DoorbellServer, skid_argv: list[str],
-                 seed: int) -> dict[str, Any]:
+                 seed: int, by_plugin: bool) -> dict[str, Any]:
     load_helper(platform.guest(), tree, poll_ns=0)
     started = time.monotonic()
-    with PvWatcher(platform.plugin_files().pv, server) as watcher:
+    rings = -1  # counted by the plugin (its exit line in qemu.log)
+    if by_plugin:
         probe = run_probe(platform, [*skid_argv, str(DOORBELL_SPIN_ITERATIONS), str(seed)], "skybyte-c")
+    else:
+        with PvWatcher(platform.plugin_files().pv, server) as watcher:
+            probe = run_probe(platform, [*skid_argv, str(DOORBELL_SPIN_ITERATIONS), str(seed)], "skybyte-c")
+        rings = watcher.rings
     stats = helper_stats(platform.guest())
     unload_helper(platform.guest())
-    return {"path": "doorbell", "rings": watcher.rings, "long": probe["long"], "short": probe["short"],
+    path = "doorbell-plugin" if by_plugin else "doorbell-watcher"
+    return {"path": path, "rings": rings, "long": probe["long"], "short": probe["short"],
             "unmatched": probe["unmatched"], "late": probe["late"], "skid": summary(probe["doorbell_skid"]),
             "query_ticks": summary(probe["query_ticks"]), "helper": stats,
             "wall_s": time.monotonic() - started}
 
 
-def measure(samples: int, poll_list_ns: list[int], repeat: int, doorbell: bool) -> dict[str, Any]:
+def measure(samples: int, poll_list_ns: list[int], repeat: int, doorbell: bool,
+            plugin_doorbell: bool) -> dict[str, Any]:
+    """Timer runs for each period and a doorbell run (rung by a host watcher of the pv
+    page), ``repeat`` times; with ``plugin_doorbell`` the plugin rings the doorbell
+    itself and waits until QEMU took the ring (the prototype in cxlssd_plugin.c)."""
     config = load_config()
     image = ensure_image()
     tree = ensure_module(image.kernel)
     conditions = {"samples": samples, "footprint_bytes": FOOTPRINT_BYTES, "design": "skybyte-c",
                   "overrides": list(SMALL_SSD), "guest_clock": config.guest.clock,
-                  "kernel": (tree / "release").read_text().strip()}
+                  "kernel": (tree / "release").read_text().strip(), "plugin_doorbell": plugin_doorbell}
     results: dict[str, Any] = {"conditions": conditions, "runs": []}
     skid_argv = [PROBE, "skid", str(FOOTPRINT_BYTES), str(samples)]
-    with DoorbellServer() as server, Platform(config, extra_qemu_args=server.qemu_args()) as platform:
-        install_helper(platform.guest(), tree)
-        ticks_no_helper = results["ticks_per_insn_no_helper"] = spin_ticks_per_insn(platform)
-        for round_index in range(repeat):
-            for poll_ns in poll_list_ns:
-                run = timer_run(platform, tree, poll_ns, skid_argv, round_index + 1, ticks_no_helper)
-                log.info("timer %d ns: skid %s", poll_ns, run["skid"])
-                results["runs"].append({"round": round_index, **run})
-            if doorbell:
-                run = doorbell_run(platform, tree, server, skid_argv, round_index + 1)
-                log.info("doorbell: skid %s", run["skid"])
-                results["runs"].append({"round": round_index, **run})
-        _, dmesg, _ = platform.guest().run(["sh", "-c", "dmesg | grep -i cxlssd_helper"], timeout_s=60)
-        results["dmesg"] = dmesg.decode(errors="replace").splitlines()
+    with DoorbellServer() as server:
+        pass_fds: tuple[int, ...] = ()
+        if plugin_doorbell:  # QEMU inherits the eventfd; the plugin finds it in its environment
+            os.environ[PLUGIN_DOORBELL_ENV] = str(server.eventfd())
+            pass_fds = (server.eventfd(),)
+        try:
+            platform = Platform(config, extra_qemu_args=server.qemu_args(), pass_fds=pass_fds)
+            with platform:
+                measure_on(platform, tree, server, results, skid_argv, poll_list_ns, repeat, doorbell,
+                           plugin_doorbell)
+        finally:
+            os.environ.pop(PLUGIN_DOORBELL_ENV, None)
     return results
+
+
+def measure_on(platform: Platform, tree: Path, server: DoorbellServer, results: dict[str, Any],
+               skid_argv: list[str], poll_list_ns: list[int], repeat: int, doorbell: bool,
+               plugin_doorbell: bool) -> None:
+    install_helper(platform.guest(), tree)
+    ticks_no_helper = results["ticks_per_insn_no_helper"] = spin_ticks_per_insn(platform)
+    for round_index in range(repeat):
+        for poll_ns in poll_list_ns:
+            run = timer_run(platform, tree, poll_ns, skid_argv, round_index + 1, ticks_no_helper)
+            log.info("timer %d ns: skid %s", poll_ns, run["skid"])
+            results["runs"].append({"round": round_index, **run})
+        if doorbell or plugin_doorbell:
+            run = doorbell_run(platform, tree, server, skid_argv, round_index + 1, plugin_doorbell)
+            log.info("doorbell: skid %s", run["skid"])
+            results["runs"].append({"round": round_index, **run})
+    _, dmesg, _ = platform.guest().run(["sh", "-c", "dmesg | grep -i cxlssd_helper"], timeout_s=60)
+    results["dmesg"] = dmesg.decode(errors="replace").splitlines()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=300)
-    parser.add_argument("--poll-ns", default="5000,20000,100000", help="timer periods, comma-separated")
+    parser.add_argument("--poll-ns", help="timer periods, comma-separated (default 5000,20000,100000; "
+                        "none with --plugin-doorbell)")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--no-doorbell", action="store_true", help="the timer path only")
+    parser.add_argument("--plugin-doorbell", action="store_true",
+                        help="the plugin rings the doorbell and waits until QEMU took it (no timer runs "
+                             "unless --poll-ns is given)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    periods_ns = [int(v) for v in args.poll_ns.split(",") if v]
-    results = measure(args.samples, periods_ns, args.repeat, not args.no_doorbell)
+    poll_ns = args.poll_ns if args.poll_ns is not None else "" if args.plugin_doorbell else DEFAULT_PERIODS
+    periods_ns = [int(v) for v in poll_ns.split(",") if v]
+    results = measure(args.samples, periods_ns, args.repeat, not args.no_doorbell, args.plugin_doorbell)
     text = json.dumps(results, indent=1)
     if args.json:
         args.json.write_text(text + "\n")

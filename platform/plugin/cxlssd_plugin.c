@@ -87,6 +87,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -633,6 +634,35 @@ static int await_answer(const uint64_t *answer, uint64_t seq)
     return 1;
 }
 
+/* PROTOTYPE (issue 14, host_os/kmod/, experiments/kmod_skid.py): the eventfd of an
+ * ivshmem-doorbell vector, inherited by QEMU and named by $CXLSSD_PLUGIN_DOORBELL_FD
+ * (-1: none). On a long-delay answer the plugin rings it and holds the vCPU until
+ * QEMU's main loop has taken the ring (the eventfd reads empty again), which it does
+ * in the same handler that raises the guest's MSI-X interrupt: the guest kernel then
+ * takes it at the next block boundary instead of some thousands of instructions later. */
+#define DOORBELL_TIMEOUT_NS 100000000ULL
+static int doorbell_fd = -1;
+static uint64_t doorbell_rings, doorbell_timeouts;
+
+static void ring_doorbell(void)
+{
+    uint64_t one = 1, start = now_ns();
+    if (write(doorbell_fd, &one, sizeof one) != (ssize_t)sizeof one) {
+        return;
+    }
+    doorbell_rings++;
+    struct pollfd pending = {.fd = doorbell_fd, .events = POLLIN};
+    while (poll(&pending, 1, 0) == 1 && (pending.revents & POLLIN)) {
+        if (now_ns() - start > DOORBELL_TIMEOUT_NS) {
+            if (doorbell_timeouts++ == 0) {
+                fputs("cxlssd plugin: QEMU did not take a doorbell ring within 100 ms\n", stderr);
+            }
+            return;
+        }
+        __builtin_ia32_pause();
+    }
+}
+
 /* The access after a query marker has happened: if it went to the device, wait
  * for the firmware's answer (long delay or not, ready time, ticket); if it did
  * not (an LLC hit, RAM: a promoted page), the data is there: not long. */
@@ -644,6 +674,9 @@ static void answer_query(unsigned int vcpu)
     if (sent) {
         uint64_t ticket = ++P.query_seq[vcpu];
         if (await_answer(&slot->query_ticket, ticket)) {
+            if (doorbell_fd >= 0 && __atomic_load_n(&slot->query_long, __ATOMIC_ACQUIRE)) {
+                ring_doorbell();
+            }
             return;
         }
     }
@@ -980,6 +1013,10 @@ static void on_exit_cb(qemu_plugin_id_t id, void *userdata)
 {
     (void)id;
     (void)userdata;
+    if (doorbell_fd >= 0) {
+        fprintf(stderr, "cxlssd plugin: doorbell rung %" PRIu64 " times, %" PRIu64 " not taken within 100 ms\n",
+                doorbell_rings, doorbell_timeouts);
+    }
     /* Windows published after the last access are still reported. */
     uint32_t published = LOAD_RELAXED(&P.hdr->n_windows);
     if (published != P.n_known) {
@@ -1209,6 +1246,14 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
     int seen_llc = 0, seen_ways = 0, seen_records = 0, seen_timeout = 0, seen_ps = 0, seen_dram = 0;
     int seen_ram_top = 0;
     const char *mode = NULL;
+    const char *doorbell = getenv("CXLSSD_PLUGIN_DOORBELL_FD");
+    if (doorbell != NULL && *doorbell != '\0') {
+        uint64_t fd;
+        if (parse_u64(doorbell, doorbell + strlen(doorbell), &fd) != 0 || fd > INT32_MAX) {
+            return bad_arg("CXLSSD_PLUGIN_DOORBELL_FD", "must be a descriptor number");
+        }
+        doorbell_fd = (int)fd;
+    }
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
         const char *eq = strchr(arg, '=');
