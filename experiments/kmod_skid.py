@@ -46,7 +46,7 @@ from cxlssd.abi.protocol import PV_BYTES, PV_HEADER_DTYPE, PV_SLOT_DTYPE, word
 from cxlssd.guest.image import ensure_image
 from cxlssd.host_os.kmod.build import ensure_module
 from cxlssd.host_os.kmod.doorbell import DoorbellServer
-from cxlssd.host_os.kmod.load import GUEST_DIR, helper_stats, install_helper, load_helper, unload_helper
+from cxlssd.host_os.kmod.load import GUEST_DIR, helper_stats, load_helper, unload_helper
 from cxlssd.platform.config import load_config
 from cxlssd.platform.machine import Platform
 
@@ -186,7 +186,9 @@ def measure(samples: int, poll_list_ns: list[int], repeat: int, doorbell: bool,
             os.environ[PLUGIN_DOORBELL_ENV] = str(server.eventfd())
             pass_fds = (server.eventfd(),)
         try:
-            platform = Platform(config, extra_qemu_args=server.qemu_args(), pass_fds=pass_fds)
+            # The platform installs and loads the helper (no timer) before the guest is ready.
+            platform = Platform(config, extra_qemu_args=server.qemu_args(), pass_fds=pass_fds,
+                                kernel_helper_poll_ns=0)
             with platform:
                 measure_on(platform, tree, server, results, skid_argv, poll_list_ns, repeat, doorbell,
                            plugin_doorbell)
@@ -198,7 +200,7 @@ def measure(samples: int, poll_list_ns: list[int], repeat: int, doorbell: bool,
 def measure_on(platform: Platform, tree: Path, server: DoorbellServer, results: dict[str, Any],
                skid_argv: list[str], poll_list_ns: list[int], repeat: int, doorbell: bool,
                plugin_doorbell: bool) -> None:
-    install_helper(platform.guest(), tree)
+    unload_helper(platform.guest())
     ticks_no_helper = results["ticks_per_insn_no_helper"] = spin_ticks_per_insn(platform)
     for round_index in range(repeat):
         for poll_ns in poll_list_ns:

@@ -39,6 +39,8 @@ from cxlssd.errors import FirmwareError, GuestError, GuestTimeout, PrerequisiteE
 from cxlssd.guest.image import GuestImage, ensure_image
 from cxlssd.guest.runtime.build import ensure_runtime
 from cxlssd.guest.runtime.install import install_runtime
+from cxlssd.host_os.kmod.build import ensure_module
+from cxlssd.host_os.kmod.load import install_helper, load_helper
 from cxlssd.lifecycle import Lifecycle, ProcessId, describe_exit
 from cxlssd.paths import cache_dir, runtime_root
 from cxlssd.platform.config import PlatformConfig, format_size
@@ -194,10 +196,14 @@ class Platform(Lifecycle):
     def __init__(
         self, config: PlatformConfig, image: GuestImage | None = None,
         extra_qemu_args: Sequence[str] = (), plugin: bool = True,
-        pass_fds: Sequence[int] = (),
+        pass_fds: Sequence[int] = (), kernel_helper_poll_ns: int | None = None,
     ) -> None:
         self.config = config
         self.plugin = plugin
+        # The guest kernel helper (host_os/kmod/, issue 14): loaded before the guest is ready
+        # when not None, with this pv-slot poll period (0: no timer). Off by default: its first
+        # build creates a trixie build root (root, ~3 min).
+        self.kernel_helper_poll_ns = kernel_helper_poll_ns
         # Appended to QEMU's command line (e.g. ``-plugin``); an argv list, never a shell string.
         self.extra_qemu_args = list(extra_qemu_args)
         # Descriptors QEMU inherits, named in extra_qemu_args (a tap: ``-netdev tap,fd=N``).
@@ -232,6 +238,7 @@ class Platform(Lifecycle):
         qemu = check_qemu()
         image = self._image or ensure_image()
         runtime = ensure_runtime()  # built before booting: a compiler error costs no boot
+        helper = None if self.kernel_helper_poll_ns is None else ensure_module(image.kernel)
         root = runtime_root()
         # Reap first: a dead instance's backing files would count against the capacity.
         for name in reap_stale_instances():
@@ -249,6 +256,9 @@ class Platform(Lifecycle):
                 self._publish_windows()
                 assert self.ssh is not None
                 install_runtime(self.ssh, runtime, _remaining_s(deadline))
+                if helper is not None:
+                    install_helper(self.ssh, helper, _remaining_s(deadline))
+                    load_helper(self.ssh, helper, poll_ns=self.kernel_helper_poll_ns or 0)
             except GuestTimeout as error:
                 raise self._not_ready(f"({error})") from None
             self._write_instance_file()  # now with what the guest made of each device

@@ -131,5 +131,6 @@ def test_a_helper_built_for_another_kernel_is_refused_with_the_fix(
     other = tmp_path / "tree"
     other.mkdir()
     (other / "release").write_text("6.1.0-99-amd64\n")
-    with pytest.raises(GuestError, match=r"built for kernel 6\.1\.0-99-amd64 but the guest runs .*ensure_module"):
+    refused = r"built for kernel 6\.1\.0-99-amd64 but the guest runs .*ensure_module"
+    with pytest.raises(GuestError, match=refused):
         load_helper(guest_with_helper.guest(), other)  # type: ignore[attr-defined]
