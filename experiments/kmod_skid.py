@@ -37,6 +37,7 @@ import os
 import statistics
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +162,11 @@ def doorbell_run(platform: Platform, tree: Path, server: DoorbellServer, skid_ar
     stats = helper_stats(platform.guest())
     unload_helper(platform.guest())
     path = "doorbell-plugin" if by_plugin else "doorbell-watcher"
+    # (ticks from before the access to after it, skid) per sample: whether the program ran on
+    # after the access before the interrupt (then the ticks lack the handler's instructions).
+    pairs = Counter((query, skid) for query, _, skid in probe["per_sample"])
     return {"path": path, "rings": rings, "long": probe["long"], "short": probe["short"],
+            "query_ticks_and_skid": [[query, skid, n] for (query, skid), n in pairs.most_common(8)],
             "unmatched": probe["unmatched"], "late": probe["late"], "skid": summary(probe["doorbell_skid"]),
             "query_ticks": summary(probe["query_ticks"]), "helper": stats,
             "wall_s": time.monotonic() - started}

@@ -154,7 +154,10 @@ static int run_skid(uint64_t bytes, size_t samples, uint64_t spin_iterations, ui
     uint64_t *tickets = calloc(samples, sizeof *tickets), *t0s = calloc(samples, sizeof *t0s);
     uint64_t *timer = calloc(samples * 2, sizeof *timer), *doorbell = calloc(samples * 2, sizeof *doorbell);
     uint64_t *query = calloc(samples, sizeof *query);
-    if (data == MAP_FAILED || !tickets || !t0s || !timer || !doorbell || !query) {
+    /* per long sample: the skid of its first reaction per source (0: none) */
+    uint64_t *first_timer = calloc(samples, sizeof *first_timer);
+    uint64_t *first_doorbell = calloc(samples, sizeof *first_doorbell);
+    if (data == MAP_FAILED || !tickets || !t0s || !timer || !doorbell || !query || !first_timer || !first_doorbell) {
         fprintf(stderr, "skidprobe: out of memory\n");
         return 1;
     }
@@ -190,6 +193,10 @@ static int run_skid(uint64_t bytes, size_t samples, uint64_t spin_iterations, ui
                     late++; /* after the sample's spin ended */
                 }
                 uint64_t skid = events[e].tsc - t0s[k - 1];
+                uint64_t *first = events[e].source == SOURCE_TIMER ? first_timer : first_doorbell;
+                if (first[k - 1] == 0) {
+                    first[k - 1] = skid;
+                }
                 if (events[e].source == SOURCE_TIMER) {
                     timer[n_timer++] = skid;
                 } else {
@@ -221,6 +228,14 @@ static int run_skid(uint64_t bytes, size_t samples, uint64_t spin_iterations, ui
     printf("{\"mode\": \"skid\", \"samples\": %zu, \"long\": %zu, \"short\": %zu, \"spin_iterations\": %" PRIu64
            ", \"unmatched\": %zu, \"late\": %zu, ",
            samples, longs, shorts, spin_iterations, unmatched, late);
+    /* Per long sample, in order (before the lists below sort them): its query ticks and
+     * the skid of its first timer and doorbell reaction (0: none). */
+    printf("\"per_sample\": [");
+    for (size_t i = 0; i < longs; i++) {
+        printf("%s[%" PRIu64 ", %" PRIu64 ", %" PRIu64 "]", i ? ", " : "", query[i], first_timer[i],
+               first_doorbell[i]);
+    }
+    printf("], ");
     print_list("query_ticks", query, longs);
     printf(", ");
     print_list("timer_skid", timer, n_timer);
