@@ -132,13 +132,13 @@ def spin_ticks_per_insn(platform: Platform) -> float:
     return float(result["ticks"]) / (2 * SPIN_CHECK_ITERATIONS)
 
 
-def timer_run(platform: Platform, tree: Path, poll_ns: int, skid_argv: list[str], seed: int,
-              ticks_no_helper: float) -> dict[str, Any]:
+def timer_run(platform: Platform, tree: Path, poll_ns: int, skid_argv: list[str], suffix: list[str],
+              seed: int, ticks_no_helper: float) -> dict[str, Any]:
     load_helper(platform.guest(), tree, poll_ns=poll_ns)
     ticks = spin_ticks_per_insn(platform)
     spin = max(2 * poll_ns, 10_000)  # iterations of 2 instructions: 4x the period
     started = time.monotonic()
-    probe = run_probe(platform, [*skid_argv, str(spin), str(seed)], "skybyte-c")
+    probe = run_probe(platform, [*skid_argv, str(spin), str(seed), *suffix], "skybyte-c")
     stats = helper_stats(platform.guest())
     unload_helper(platform.guest())
     return {"path": "timer", "poll_ns": poll_ns, "ticks_per_insn": ticks,
@@ -149,15 +149,17 @@ def timer_run(platform: Platform, tree: Path, poll_ns: int, skid_argv: list[str]
 
 
 def doorbell_run(platform: Platform, tree: Path, server: DoorbellServer, skid_argv: list[str],
-                 seed: int, by_plugin: bool) -> dict[str, Any]:
+                 suffix: list[str], seed: int, by_plugin: bool) -> dict[str, Any]:
     load_helper(platform.guest(), tree, poll_ns=0)
     started = time.monotonic()
     rings = -1  # counted by the plugin (its exit line in qemu.log)
     if by_plugin:
-        probe = run_probe(platform, [*skid_argv, str(DOORBELL_SPIN_ITERATIONS), str(seed)], "skybyte-c")
+        probe = run_probe(platform, [*skid_argv, str(DOORBELL_SPIN_ITERATIONS), str(seed), *suffix],
+                          "skybyte-c")
     else:
         with PvWatcher(platform.plugin_files().pv, server) as watcher:
-            probe = run_probe(platform, [*skid_argv, str(DOORBELL_SPIN_ITERATIONS), str(seed)], "skybyte-c")
+            probe = run_probe(platform, [*skid_argv, str(DOORBELL_SPIN_ITERATIONS), str(seed), *suffix],
+                              "skybyte-c")
         rings = watcher.rings
     stats = helper_stats(platform.guest())
     unload_helper(platform.guest())
@@ -173,7 +175,7 @@ def doorbell_run(platform: Platform, tree: Path, server: DoorbellServer, skid_ar
 
 
 def measure(samples: int, poll_list_ns: list[int], repeat: int, doorbell: bool,
-            plugin_doorbell: bool) -> dict[str, Any]:
+            plugin_doorbell: bool, straight: bool = False) -> dict[str, Any]:
     """Timer runs for each period and a doorbell run (rung by a host watcher of the pv
     page), ``repeat`` times; with ``plugin_doorbell`` the plugin rings the doorbell
     itself and waits until QEMU took the ring (the prototype in cxlssd_plugin.c)."""
@@ -182,9 +184,11 @@ def measure(samples: int, poll_list_ns: list[int], repeat: int, doorbell: bool,
     tree = ensure_module(image.kernel)
     conditions = {"samples": samples, "footprint_bytes": FOOTPRINT_BYTES, "design": "skybyte-c",
                   "overrides": list(SMALL_SSD), "guest_clock": config.guest.clock,
-                  "kernel": (tree / "release").read_text().strip(), "plugin_doorbell": plugin_doorbell}
+                  "kernel": (tree / "release").read_text().strip(), "plugin_doorbell": plugin_doorbell,
+                  "straight_insns_after_access": 200 if straight else 0}
     results: dict[str, Any] = {"conditions": conditions, "runs": []}
     skid_argv = [PROBE, "skid", str(FOOTPRINT_BYTES), str(samples)]
+    suffix = ["straight"] if straight else []
     with DoorbellServer() as server:
         pass_fds: tuple[int, ...] = ()
         if plugin_doorbell:  # QEMU inherits the eventfd; the plugin finds it in its environment
@@ -195,25 +199,25 @@ def measure(samples: int, poll_list_ns: list[int], repeat: int, doorbell: bool,
             platform = Platform(config, extra_qemu_args=server.qemu_args(), pass_fds=pass_fds,
                                 kernel_helper_poll_ns=0)
             with platform:
-                measure_on(platform, tree, server, results, skid_argv, poll_list_ns, repeat, doorbell,
-                           plugin_doorbell)
+                measure_on(platform, tree, server, results, skid_argv, suffix, poll_list_ns, repeat,
+                           doorbell, plugin_doorbell)
         finally:
             os.environ.pop(PLUGIN_DOORBELL_ENV, None)
     return results
 
 
 def measure_on(platform: Platform, tree: Path, server: DoorbellServer, results: dict[str, Any],
-               skid_argv: list[str], poll_list_ns: list[int], repeat: int, doorbell: bool,
-               plugin_doorbell: bool) -> None:
+               skid_argv: list[str], suffix: list[str], poll_list_ns: list[int], repeat: int,
+               doorbell: bool, plugin_doorbell: bool) -> None:
     unload_helper(platform.guest())
     ticks_no_helper = results["ticks_per_insn_no_helper"] = spin_ticks_per_insn(platform)
     for round_index in range(repeat):
         for poll_ns in poll_list_ns:
-            run = timer_run(platform, tree, poll_ns, skid_argv, round_index + 1, ticks_no_helper)
+            run = timer_run(platform, tree, poll_ns, skid_argv, suffix, round_index + 1, ticks_no_helper)
             log.info("timer %d ns: skid %s", poll_ns, run["skid"])
             results["runs"].append({"round": round_index, **run})
         if doorbell or plugin_doorbell:
-            run = doorbell_run(platform, tree, server, skid_argv, round_index + 1, plugin_doorbell)
+            run = doorbell_run(platform, tree, server, skid_argv, suffix, round_index + 1, plugin_doorbell)
             log.info("doorbell: skid %s", run["skid"])
             results["runs"].append({"round": round_index, **run})
     _, dmesg, _ = platform.guest().run(["sh", "-c", "dmesg | grep -i cxlssd_helper"], timeout_s=60)
@@ -230,12 +234,16 @@ def main() -> None:
     parser.add_argument("--plugin-doorbell", action="store_true",
                         help="the plugin rings the doorbell and waits until QEMU took it (no timer runs "
                              "unless --poll-ns is given)")
+    parser.add_argument("--straight", action="store_true",
+                        help="200 instructions follow the access in its basic block (a reaction one "
+                             "translation block late shows as +200)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     poll_ns = args.poll_ns if args.poll_ns is not None else "" if args.plugin_doorbell else DEFAULT_PERIODS
     periods_ns = [int(v) for v in poll_ns.split(",") if v]
-    results = measure(args.samples, periods_ns, args.repeat, not args.no_doorbell, args.plugin_doorbell)
+    results = measure(args.samples, periods_ns, args.repeat, not args.no_doorbell, args.plugin_doorbell,
+                      args.straight)
     text = json.dumps(results, indent=1)
     if args.json:
         args.json.write_text(text + "\n")

@@ -3,7 +3,7 @@
  * how many guest instructions run between a long access and the kernel's reaction to
  * the firmware's "long delay" answer.
  *
- *     skidprobe skid BYTES SAMPLES SPIN SEED   (run bound to the CXL node: numactl --membind)
+ *     skidprobe skid BYTES SAMPLES SPIN SEED [straight]   (bound to the CXL node: numactl --membind)
  *     skidprobe spin ITERATIONS
  *
  * skid: touches BYTES of memory, then SAMPLES times reads one random line of it as a
@@ -15,7 +15,9 @@
  * ticket) come from /dev/cxlssd_helper; skid = event TSC - t0: from just before the
  * access (the kernel may react before t1 is read), so it includes the few instructions
  * of the access and the TSC read (query_ticks without an interrupt). Under -icount
- * shift=0 the TSC counts guest instructions. Prints one JSON object.
+ * shift=0 the TSC counts guest instructions. Prints one JSON object. With "straight", 200
+ * additions follow the load in the same basic block (one translation block), so a
+ * reaction taken at the block's end instead of right after the access shows as +200.
  *
  * spin: the TSC ticks a loop of ITERATIONS x 2 instructions takes (the instruction clock's
  * check, and with the helper polling, its cost: ticks / (2 x ITERATIONS) - 1).
@@ -45,6 +47,7 @@ struct helper_event { /* struct cxlssd_helper_event of the module */
 #define SOURCE_TIMER 1u
 #define SOURCE_DOORBELL 2u
 #define DRAIN_TIMEOUT_MS 2000
+#define STRAIGHT_INSNS_TEXT "200"
 
 static uint64_t tsc(void)
 {
@@ -130,7 +133,7 @@ static uint64_t next_random(uint64_t *state)
     return *state;
 }
 
-static int run_skid(uint64_t bytes, size_t samples, uint64_t spin_iterations, uint64_t seed)
+static int run_skid(uint64_t bytes, size_t samples, uint64_t spin_iterations, uint64_t seed, int straight)
 {
     volatile uint64_t *page = map_pv_page();
     if (page == NULL) {
@@ -210,10 +213,20 @@ static int run_skid(uint64_t bytes, size_t samples, uint64_t spin_iterations, ui
         const volatile unsigned char *p = data + (next_random(&state) % (bytes / 64)) * 64;
         unsigned value;
         uint64_t t0 = tsc();
-        __asm__ volatile(".byte 0x0f,0x1f,0x84,0x00\n\t.long %c1\n\tmovzbl (%2), %0"
-                         : "=r"(value)
-                         : "i"(CXLSSD_MARKER_DISP(CXLSSD_CMD_QUERY, 0u)), "r"(p)
-                         : "memory");
+        if (straight) {
+            /* The access, then STRAIGHT_INSNS instructions in the same basic block: a
+             * reaction that comes one translation block late shows as + STRAIGHT_INSNS. */
+            __asm__ volatile(".byte 0x0f,0x1f,0x84,0x00\n\t.long %c1\n\tmovzbl (%2), %0\n\t"
+                             ".rept " STRAIGHT_INSNS_TEXT "\n\tadd $1, %0\n\t.endr"
+                             : "=&r"(value)
+                             : "i"(CXLSSD_MARKER_DISP(CXLSSD_CMD_QUERY, 0u)), "r"(p)
+                             : "memory", "cc");
+        } else {
+            __asm__ volatile(".byte 0x0f,0x1f,0x84,0x00\n\t.long %c1\n\tmovzbl (%2), %0"
+                             : "=r"(value)
+                             : "i"(CXLSSD_MARKER_DISP(CXLSSD_CMD_QUERY, 0u)), "r"(p)
+                             : "memory");
+        }
         uint64_t t1 = tsc();
         (void)value;
         if (!slot->query_long) {
@@ -256,15 +269,16 @@ int main(int argc, char **argv)
         printf("{\"mode\": \"spin\", \"iterations\": %" PRIu64 ", \"ticks\": %" PRIu64 "}\n", iterations, t1 - t0);
         return 0;
     }
-    if (argc == 6 && strcmp(argv[1], "skid") == 0) {
+    if ((argc == 6 || argc == 7) && strcmp(argv[1], "skid") == 0) {
         uint64_t bytes = strtoull(argv[2], NULL, 0);
         size_t samples = strtoull(argv[3], NULL, 0);
         if (bytes < 4096 || samples == 0) {
             fprintf(stderr, "skidprobe: BYTES >= 4096 and SAMPLES > 0\n");
             return 2;
         }
-        return run_skid(bytes, samples, strtoull(argv[4], NULL, 0), strtoull(argv[5], NULL, 0));
+        int straight = argc == 7 && strcmp(argv[6], "straight") == 0;
+        return run_skid(bytes, samples, strtoull(argv[4], NULL, 0), strtoull(argv[5], NULL, 0), straight);
     }
-    fprintf(stderr, "usage: skidprobe skid BYTES SAMPLES SPIN SEED | skidprobe spin ITERATIONS\n");
+    fprintf(stderr, "usage: skidprobe skid BYTES SAMPLES SPIN SEED [straight] | skidprobe spin ITERATIONS\n");
     return 2;
 }
