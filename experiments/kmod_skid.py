@@ -62,6 +62,7 @@ DOORBELL_SPIN_ITERATIONS = 2_000_000  # 4 M instructions: longer than any skid s
 PROBE_TIMEOUT_S = 1800.0
 DEFAULT_PERIODS = "5000,20000,100000"
 PLUGIN_DOORBELL_ENV = "CXLSSD_PLUGIN_DOORBELL_FD"
+PLUGIN_SETTLE_ENV = "CXLSSD_PLUGIN_DOORBELL_SETTLE_NS"
 _QUERY_LONG, _QUERY_TICKET = word(PV_SLOT_DTYPE, "query_long"), word(PV_SLOT_DTYPE, "query_ticket")
 
 
@@ -185,7 +186,8 @@ def measure(samples: int, poll_list_ns: list[int], repeat: int, doorbell: bool,
     conditions = {"samples": samples, "footprint_bytes": FOOTPRINT_BYTES, "design": "skybyte-c",
                   "overrides": list(SMALL_SSD), "guest_clock": config.guest.clock,
                   "kernel": (tree / "release").read_text().strip(), "plugin_doorbell": plugin_doorbell,
-                  "straight_insns_after_access": 200 if straight else 0}
+                  "straight_insns_after_access": 200 if straight else 0,
+                  "settle_ns": int(os.environ.get(PLUGIN_SETTLE_ENV, "0"))}
     results: dict[str, Any] = {"conditions": conditions, "runs": []}
     skid_argv = [PROBE, "skid", str(FOOTPRINT_BYTES), str(samples)]
     suffix = ["straight"] if straight else []
@@ -234,6 +236,9 @@ def main() -> None:
     parser.add_argument("--plugin-doorbell", action="store_true",
                         help="the plugin rings the doorbell and waits until QEMU took it (no timer runs "
                              "unless --poll-ns is given)")
+    parser.add_argument("--settle-ns", type=int, default=0,
+                        help="with --plugin-doorbell: host ns the plugin keeps holding the vCPU after QEMU "
+                             "took the ring")
     parser.add_argument("--straight", action="store_true",
                         help="200 instructions follow the access in its basic block (a reaction one "
                              "translation block late shows as +200)")
@@ -242,6 +247,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     poll_ns = args.poll_ns if args.poll_ns is not None else "" if args.plugin_doorbell else DEFAULT_PERIODS
     periods_ns = [int(v) for v in poll_ns.split(",") if v]
+    if args.settle_ns:
+        os.environ[PLUGIN_SETTLE_ENV] = str(args.settle_ns)
     results = measure(args.samples, periods_ns, args.repeat, not args.no_doorbell, args.plugin_doorbell,
                       args.straight)
     text = json.dumps(results, indent=1)

@@ -642,6 +642,9 @@ static int await_answer(const uint64_t *answer, uint64_t seq)
  * takes it at the next block boundary instead of some thousands of instructions later. */
 #define DOORBELL_TIMEOUT_NS 100000000ULL
 static int doorbell_fd = -1;
+/* $CXLSSD_PLUGIN_DOORBELL_SETTLE_NS: host time to keep holding the vCPU after QEMU took the
+ * ring, for its handler to finish raising the interrupt (0 by default). */
+static uint64_t doorbell_settle_ns;
 static uint64_t doorbell_rings, doorbell_timeouts, doorbell_wait_ns, doorbell_max_wait_ns;
 
 static void ring_doorbell(void)
@@ -660,6 +663,12 @@ static void ring_doorbell(void)
             break;
         }
         __builtin_ia32_pause();
+    }
+    if (doorbell_settle_ns) {
+        uint64_t taken = now_ns();
+        while (now_ns() - taken < doorbell_settle_ns) {
+            __builtin_ia32_pause();
+        }
     }
     uint64_t waited_ns = now_ns() - start; /* host time the vCPU was held (emulation cost, not a result) */
     doorbell_wait_ns += waited_ns;
@@ -1258,6 +1267,11 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
             return bad_arg("CXLSSD_PLUGIN_DOORBELL_FD", "must be a descriptor number");
         }
         doorbell_fd = (int)fd;
+    }
+    const char *settle = getenv("CXLSSD_PLUGIN_DOORBELL_SETTLE_NS");
+    if (settle != NULL && *settle != '\0' &&
+        (parse_u64(settle, settle + strlen(settle), &doorbell_settle_ns) != 0 || doorbell_settle_ns > DOORBELL_TIMEOUT_NS)) {
+        return bad_arg("CXLSSD_PLUGIN_DOORBELL_SETTLE_NS", "must be a number of ns up to 100 ms");
     }
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
