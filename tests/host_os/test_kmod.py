@@ -134,3 +134,27 @@ def test_a_helper_built_for_another_kernel_is_refused_with_the_fix(
     refused = r"built for kernel 6\.1\.0-99-amd64 but the guest runs .*ensure_module"
     with pytest.raises(GuestError, match=refused):
         load_helper(guest_with_helper.guest(), other)  # type: ignore[attr-defined]
+
+
+@pytest.mark.guest
+def test_a_refused_load_and_a_busy_unload_name_the_problem_and_leave_nothing_loaded(
+    guest_with_helper: object, helper_tree: Path,
+) -> None:
+    import time
+
+    from cxlssd.errors import GuestError
+    from cxlssd.host_os.kmod.load import DEVICE, is_loaded, load_helper, unload_helper
+
+    guest = guest_with_helper.guest()  # type: ignore[attr-defined]
+    with pytest.raises(GuestError, match=r"(?s)did not load .*poll_ns=500 is below 1000: refused"):
+        load_helper(guest, helper_tree, poll_ns=500)
+    assert not is_loaded(guest)
+    load_helper(guest, helper_tree)
+    # A reader keeps the module: rmmod fails and says why; once it is gone, it unloads.
+    guest.run(["sh", "-c", f"(exec 3<{DEVICE}; sleep 4) >/dev/null 2>&1 &"], check=True)
+    time.sleep(1)
+    with pytest.raises(GuestError, match=r"did not unload .*still hold /dev/cxlssd_helper open"):
+        unload_helper(guest)
+    time.sleep(5)
+    unload_helper(guest)
+    assert not is_loaded(guest)
