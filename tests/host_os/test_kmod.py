@@ -158,3 +158,39 @@ def test_a_refused_load_and_a_busy_unload_name_the_problem_and_leave_nothing_loa
     time.sleep(5)
     unload_helper(guest)
     assert not is_loaded(guest)
+
+
+# The interrupt entry (~260 guest instructions, docs/host-os.md) plus at most one
+# translation block (TCG's limit: 512 instructions), with a margin.
+DOORBELL_SKID_BOUND = 270 + 512
+
+
+@pytest.mark.guest
+@pytest.mark.slow
+def test_a_doorbell_rung_by_the_plugin_reaches_the_kernel_within_one_translation_block(
+    helper_tree: Path, live_instances: set[str],
+) -> None:
+    """The plugin prototype (``$CXLSSD_PLUGIN_DOORBELL_FD``): every long-delay answer rings
+    the guest's ivshmem-doorbell and the helper's MSI-X handler runs at most the interrupt
+    entry plus one translation block after the access (its own boot: the doorbell device and
+    the plugin's environment are set at launch)."""
+    from cxlssd.host_os.kmod.load import GUEST_DIR
+    from cxlssd.platform.config import load_config
+    from cxlssd.platform.machine import Platform
+
+    with DoorbellServer() as server:
+        platform = Platform(load_config(), extra_qemu_args=server.qemu_args(),
+                            pass_fds=(server.eventfd(),), kernel_helper_poll_ns=0)
+        os.environ["CXLSSD_PLUGIN_DOORBELL_FD"] = str(server.eventfd())
+        live_instances.add(platform.name)
+        try:
+            with platform, platform.attach("skybyte-c", SMALL_SSD) as session:
+                _, out, _ = session.run([f"{GUEST_DIR}/skidprobe", "skid", str(16 << 20), "40",
+                                         "2000000", "3", "straight"], check=True)
+        finally:
+            os.environ.pop("CXLSSD_PLUGIN_DOORBELL_FD", None)
+            live_instances.discard(platform.name)
+    probe = json.loads(out)
+    assert probe["long"] >= 20 and probe["unmatched"] == 0 and probe["late"] == 0
+    assert len(probe["doorbell_skid"]) == probe["long"]
+    assert max(probe["doorbell_skid"]) <= DOORBELL_SKID_BOUND
