@@ -175,8 +175,22 @@ def doorbell_run(platform: Platform, tree: Path, server: DoorbellServer, skid_ar
             "wall_s": time.monotonic() - started}
 
 
+def switch_run(platform: Platform, tree: Path, park_ns: int, samples: int, seed: int) -> dict[str, Any]:
+    """The switch's cost (plugin-rung doorbell only): the helper parks the thread whose
+    access rang for ``park_ns`` of guest time; a second thread of the probe runs meanwhile."""
+    load_helper(platform.guest(), tree, poll_ns=0, park_ns=park_ns)
+    probe = run_probe(platform, [PROBE, "switch", str(FOOTPRINT_BYTES), str(samples), str(seed)], "skybyte-c")
+    stats = helper_stats(platform.guest())
+    unload_helper(platform.guest())
+    parks = probe["parks"]
+    columns = ("access_to_irq", "irq_to_park", "park_to_other_thread", "park_to_resumed")
+    return {"path": "switch", "park_ns": park_ns, "long": probe["long"], "parked": len(parks),
+            "other_thread_gaps": probe["gaps"], "helper": stats,
+            **{name: summary([row[i] for row in parks if row[i]]) for i, name in enumerate(columns)}}
+
+
 def measure(samples: int, poll_list_ns: list[int], repeat: int, doorbell: bool,
-            plugin_doorbell: bool, straight: bool = False) -> dict[str, Any]:
+            plugin_doorbell: bool, straight: bool = False, switch_park_ns: int = 0) -> dict[str, Any]:
     """Timer runs for each period and a doorbell run (rung by a host watcher of the pv
     page), ``repeat`` times; with ``plugin_doorbell`` the plugin rings the doorbell
     itself and waits until QEMU took the ring (the prototype in cxlssd_plugin.c)."""
@@ -202,7 +216,7 @@ def measure(samples: int, poll_list_ns: list[int], repeat: int, doorbell: bool,
                                 kernel_helper_poll_ns=0)
             with platform:
                 measure_on(platform, tree, server, results, skid_argv, suffix, poll_list_ns, repeat,
-                           doorbell, plugin_doorbell)
+                           doorbell, plugin_doorbell, switch_park_ns, samples)
         finally:
             os.environ.pop(PLUGIN_DOORBELL_ENV, None)
     return results
@@ -210,7 +224,7 @@ def measure(samples: int, poll_list_ns: list[int], repeat: int, doorbell: bool,
 
 def measure_on(platform: Platform, tree: Path, server: DoorbellServer, results: dict[str, Any],
                skid_argv: list[str], suffix: list[str], poll_list_ns: list[int], repeat: int,
-               doorbell: bool, plugin_doorbell: bool) -> None:
+               doorbell: bool, plugin_doorbell: bool, switch_park_ns: int = 0, samples: int = 0) -> None:
     unload_helper(platform.guest())
     ticks_no_helper = results["ticks_per_insn_no_helper"] = spin_ticks_per_insn(platform)
     for round_index in range(repeat):
@@ -218,7 +232,11 @@ def measure_on(platform: Platform, tree: Path, server: DoorbellServer, results: 
             run = timer_run(platform, tree, poll_ns, skid_argv, suffix, round_index + 1, ticks_no_helper)
             log.info("timer %d ns: skid %s", poll_ns, run["skid"])
             results["runs"].append({"round": round_index, **run})
-        if doorbell or plugin_doorbell:
+        if switch_park_ns and plugin_doorbell:
+            run = switch_run(platform, tree, switch_park_ns, samples, round_index + 1)
+            log.info("switch: %s", run)
+            results["runs"].append({"round": round_index, **run})
+        elif doorbell or plugin_doorbell:
             run = doorbell_run(platform, tree, server, skid_argv, suffix, round_index + 1, plugin_doorbell)
             log.info("doorbell: skid %s", run["skid"])
             results["runs"].append({"round": round_index, **run})
@@ -239,6 +257,9 @@ def main() -> None:
     parser.add_argument("--settle-ns", type=int, default=0,
                         help="with --plugin-doorbell: host ns the plugin keeps holding the vCPU after QEMU "
                              "took the ring")
+    parser.add_argument("--switch-park-ns", type=int, default=0,
+                        help="with --plugin-doorbell: measure what a switch costs instead, the helper "
+                             "parking the thread for this many ns of guest time")
     parser.add_argument("--straight", action="store_true",
                         help="200 instructions follow the access in its basic block (a reaction one "
                              "translation block late shows as +200)")
@@ -250,7 +271,7 @@ def main() -> None:
     if args.settle_ns:
         os.environ[PLUGIN_SETTLE_ENV] = str(args.settle_ns)
     results = measure(args.samples, periods_ns, args.repeat, not args.no_doorbell, args.plugin_doorbell,
-                      args.straight)
+                      args.straight, args.switch_park_ns)
     text = json.dumps(results, indent=1)
     if args.json:
         args.json.write_text(text + "\n")

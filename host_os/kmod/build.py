@@ -49,7 +49,7 @@ MODULE = "cxlssd_helper.ko"
 PROBE = "skidprobe"
 ROOT_KIND = "kmod-root"
 CACHE_KIND = "kmod"
-PROBE_CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror", "-std=gnu11")
+PROBE_CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror", "-std=gnu11", "-pthread")
 BUILD_TIMEOUT_S = 600
 # The bzImage setup header (Documentation/arch/x86/boot.rst): "HdrS" at 0x202, and at
 # 0x20e the offset (from 0x200) of the kernel's version string.

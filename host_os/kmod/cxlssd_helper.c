@@ -35,9 +35,13 @@
 #include <linux/pci.h>
 #include <linux/percpu.h>
 #include <linux/poll.h>
+#include <linux/sched.h>
+#include <linux/slab.h>
 #include <linux/spinlock.h>
+#include <linux/task_work.h>
 #include <linux/uaccess.h>
 #include <linux/wait.h>
+#include <asm/irq_regs.h>
 #include <asm/msr.h>
 
 #include "cxlssd_abi.h"
@@ -48,7 +52,7 @@
 #define EVENT_SLOTS 4096u /* a power of 2 */
 #define POLL_MIN_NS 1000ul
 
-enum cxlssd_helper_source { SOURCE_TIMER = 1, SOURCE_DOORBELL = 2 };
+enum cxlssd_helper_source { SOURCE_TIMER = 1, SOURCE_DOORBELL = 2, SOURCE_PARK = 3, SOURCE_RESUMED = 4 };
 
 /* One reaction, as read(2) returns it (little-endian, 32 bytes). */
 struct cxlssd_helper_event {
@@ -62,6 +66,12 @@ struct cxlssd_helper_event {
 static unsigned long poll_ns;
 module_param(poll_ns, ulong, 0444);
 MODULE_PARM_DESC(poll_ns, "poll each vCPU's pv slot every N ns of guest time (0: off; >= 1000)");
+
+/* EXPERIMENT (the switch's cost, not the switching design): on a doorbell that interrupted
+ * a user thread, the thread sleeps park_ns of guest time on its way back to user space. */
+static unsigned long park_ns;
+module_param(park_ns, ulong, 0444);
+MODULE_PARM_DESC(park_ns, "experiment: park the thread a doorbell interrupted for N ns of guest time (0: off)");
 
 struct helper_cpu {
 	struct hrtimer timer;
@@ -81,7 +91,7 @@ static struct {
 	u64 head, tail; /* under lock */
 	wait_queue_head_t readers;
 	bool stopping;
-	atomic64_t ticks, doorbells, reactions, dropped;
+	atomic64_t ticks, doorbells, reactions, dropped, parks;
 } helper;
 
 static const struct cxlssd_pv_slot *pv_slot(unsigned int cpu)
@@ -110,7 +120,7 @@ static void record(u64 tsc, const struct cxlssd_pv_slot *slot, u64 ticket, u32 s
 	event->ticket = ticket;
 	event->ready_ns = slot ? READ_ONCE(slot->query_ready_ns) : 0;
 	event->source = source;
-	event->cpu = smp_processor_id();
+	event->cpu = raw_smp_processor_id();
 	helper.head++;
 	spin_unlock_irqrestore(&helper.lock, flags);
 	atomic64_inc(&helper.reactions);
@@ -171,14 +181,56 @@ static void stop_polls(void)
 	}
 }
 
+struct park_work {
+	struct callback_head head;
+	u64 ticket;
+};
+
+/* Runs in the interrupted thread on its way back to user space: sleep, so that the
+ * scheduler runs another thread. A pending park holds a module reference. */
+static void park_current(struct callback_head *head)
+{
+	struct park_work *work = container_of(head, struct park_work, head);
+	u64 ticket = work->ticket;
+	ktime_t timeout = ns_to_ktime(park_ns);
+
+	kfree(work);
+	record(rdtsc_ordered(), NULL, ticket, SOURCE_PARK);
+	set_current_state(TASK_INTERRUPTIBLE);
+	schedule_hrtimeout(&timeout, HRTIMER_MODE_REL);
+	record(rdtsc_ordered(), NULL, ticket, SOURCE_RESUMED);
+	atomic64_inc(&helper.parks);
+	module_put(THIS_MODULE);
+}
+
+static void queue_park(u64 ticket)
+{
+	struct park_work *work;
+
+	if (!park_ns || !user_mode(get_irq_regs()) || (current->flags & PF_KTHREAD) || !try_module_get(THIS_MODULE))
+		return;
+	work = kmalloc(sizeof(*work), GFP_ATOMIC);
+	if (!work)
+		goto put;
+	work->ticket = ticket;
+	init_task_work(&work->head, park_current);
+	if (!task_work_add(current, &work->head, TWA_RESUME))
+		return;
+	kfree(work);
+put:
+	module_put(THIS_MODULE);
+}
+
 static irqreturn_t doorbell_irq(int irq, void *data)
 {
 	u64 tsc = rdtsc_ordered();
 	const struct cxlssd_pv_slot *slot = pv_slot(smp_processor_id());
+	u64 ticket = slot ? READ_ONCE(slot->query_ticket) : 0;
 
 	atomic64_inc(&helper.doorbells);
 	/* The doorbell says "look now": record even a ticket the timer already saw. */
-	record(tsc, slot, slot ? READ_ONCE(slot->query_ticket) : 0, SOURCE_DOORBELL);
+	record(tsc, slot, ticket, SOURCE_DOORBELL);
+	queue_park(ticket);
 	return IRQ_HANDLED;
 }
 
@@ -321,10 +373,11 @@ static const struct file_operations helper_fops = {
 
 static ssize_t stats_show(struct device *dev, struct device_attribute *attr, char *buf)
 {
-	return sysfs_emit(buf, "pv %d poll_ns %lu doorbell %d ticks %lld doorbells %lld reactions %lld dropped %lld\n",
+	return sysfs_emit(buf, "pv %d poll_ns %lu doorbell %d ticks %lld doorbells %lld reactions %lld dropped %lld parks %lld\n",
 			  helper.pv != NULL, poll_ns, helper.doorbell != NULL,
 			  atomic64_read(&helper.ticks), atomic64_read(&helper.doorbells),
-			  atomic64_read(&helper.reactions), atomic64_read(&helper.dropped));
+			  atomic64_read(&helper.reactions), atomic64_read(&helper.dropped),
+			  atomic64_read(&helper.parks));
 }
 static DEVICE_ATTR_RO(stats);
 

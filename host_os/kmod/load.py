@@ -53,9 +53,10 @@ def _dmesg_tail(guest: GuestSSH) -> str:
     return out.decode(errors="replace").rstrip()
 
 
-def load_helper(guest: GuestSSH, tree: Path, poll_ns: int = 0) -> None:
+def load_helper(guest: GuestSSH, tree: Path, poll_ns: int = 0, park_ns: int = 0) -> None:
     """Load the helper (unloading a loaded one first). ``poll_ns``: the per-CPU poll of the
-    pv slots (0: off; the module refuses < 1000)."""
+    pv slots (0: off; the module refuses < 1000). ``park_ns``: an experiment (the switch's
+    cost): a thread whose access rang the doorbell sleeps that long (0: off)."""
     expected = (tree / "release").read_text().strip()
     _, out, _ = guest.run(["uname", "-r"], check=True, timeout_s=COMMAND_TIMEOUT_S)
     running = out.decode().strip()
@@ -66,7 +67,7 @@ def load_helper(guest: GuestSSH, tree: Path, poll_ns: int = 0) -> None:
         )
     if is_loaded(guest):
         unload_helper(guest)
-    argv = ["insmod", f"{GUEST_DIR}/{MODULE}", f"poll_ns={int(poll_ns)}"]
+    argv = ["insmod", f"{GUEST_DIR}/{MODULE}", f"poll_ns={int(poll_ns)}", f"park_ns={int(park_ns)}"]
     status, _, err = guest.run(argv, timeout_s=COMMAND_TIMEOUT_S)
     if status != 0:
         raise GuestError(
@@ -74,7 +75,7 @@ def load_helper(guest: GuestSSH, tree: Path, poll_ns: int = 0) -> None:
             f"{err.decode(errors='replace').strip()}); the kernel says:\n{_dmesg_tail(guest)}\n"
             "fix: rebuild it for the running kernel (delete the kmod cache dir), or check its parameters"
         )
-    log.info("kernel helper loaded (poll_ns=%d)", poll_ns)
+    log.info("kernel helper loaded (poll_ns=%d, park_ns=%d)", poll_ns, park_ns)
 
 
 def unload_helper(guest: GuestSSH) -> None:

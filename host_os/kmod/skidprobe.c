@@ -28,6 +28,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -46,6 +47,10 @@ struct helper_event { /* struct cxlssd_helper_event of the module */
 
 #define SOURCE_TIMER 1u
 #define SOURCE_DOORBELL 2u
+#define SOURCE_PARK 3u
+#define SOURCE_RESUMED 4u
+#define GAP_TICKS 400 /* the other thread's loop takes ~10: a longer gap is another thread running */
+#define MAX_GAPS 65536
 #define DRAIN_TIMEOUT_MS 2000
 #define STRAIGHT_INSNS_TEXT "200"
 
@@ -259,8 +264,140 @@ static int run_skid(uint64_t bytes, size_t samples, uint64_t spin_iterations, ui
     return 0;
 }
 
+/* ---- switch: what a switch costs (the helper's park_ns experiment) ---------------- */
+
+struct gap {
+    uint64_t from, to;
+};
+
+static struct {
+    volatile int stop;
+    struct gap gaps[MAX_GAPS];
+    size_t n;
+} other;
+
+/* The other thread: runs whenever the prober sleeps; a gap in its TSC readings is the time
+ * the CPU was elsewhere. */
+static void *other_thread(void *unused)
+{
+    (void)unused;
+    uint64_t last = tsc();
+    while (!other.stop) {
+        uint64_t now = tsc();
+        if (now - last > GAP_TICKS && other.n < MAX_GAPS) {
+            other.gaps[other.n].from = last;
+            other.gaps[other.n++].to = now;
+        }
+        last = now;
+    }
+    return NULL;
+}
+
+/* The end of the first gap of the other thread that ends after `tsc`, or 0. */
+static uint64_t other_runs_after(uint64_t when)
+{
+    for (size_t i = 0; i < other.n; i++) {
+        if (other.gaps[i].to > when && other.gaps[i].from < when) {
+            return other.gaps[i].to;
+        }
+    }
+    return 0;
+}
+
+static int run_switch(uint64_t bytes, size_t samples, uint64_t seed)
+{
+    volatile uint64_t *page = map_pv_page();
+    int fd = open("/dev/cxlssd_helper", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (page == NULL || fd < 0) {
+        fprintf(stderr, "skidprobe: needs the pv page and /dev/cxlssd_helper\n");
+        return 1;
+    }
+    const volatile struct cxlssd_pv_header *header = (const volatile void *)page;
+    const volatile struct cxlssd_pv_slot *slot =
+        (const volatile void *)((const volatile char *)page + header->slot_offset);
+    unsigned char *data = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    uint64_t *t0s = calloc(samples, sizeof *t0s), *tickets = calloc(samples, sizeof *tickets);
+    struct helper_event *events = calloc(samples * 4 + 64, sizeof *events);
+    if (data == MAP_FAILED || !t0s || !tickets || !events) {
+        fprintf(stderr, "skidprobe: out of memory\n");
+        return 1;
+    }
+    for (uint64_t i = 0; i < bytes; i += 4096) {
+        data[i] = (unsigned char)i;
+    }
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, other_thread, NULL) != 0) {
+        fprintf(stderr, "skidprobe: cannot start the other thread\n");
+        return 1;
+    }
+    size_t longs = 0, n_events = 0;
+    uint64_t state = seed | 1;
+    for (size_t s = 0; s < samples; s++) {
+        const volatile unsigned char *p = data + (next_random(&state) % (bytes / 64)) * 64;
+        unsigned value;
+        uint64_t t0 = tsc();
+        __asm__ volatile(".byte 0x0f,0x1f,0x84,0x00\n\t.long %c1\n\tmovzbl (%2), %0"
+                         : "=r"(value)
+                         : "i"(CXLSSD_MARKER_DISP(CXLSSD_CMD_QUERY, 0u)), "r"(p)
+                         : "memory");
+        (void)value;
+        if (slot->query_long) {
+            t0s[longs] = t0;
+            tickets[longs++] = slot->query_ticket;
+        }
+        ssize_t got;
+        while (n_events < samples * 4 &&
+               (got = read(fd, events + n_events, 64 * sizeof *events)) > 0) {
+            n_events += (size_t)got / sizeof *events;
+        }
+    }
+    other.stop = 1;
+    pthread_join(thread, NULL);
+    /* Per parked long access: access -> interrupt handler -> park -> the other thread runs
+     * -> the parked thread runs again. */
+    printf("{\"mode\": \"switch\", \"samples\": %zu, \"long\": %zu, \"gaps\": %zu, \"parks\": [",
+           samples, longs, other.n);
+    size_t printed = 0;
+    for (size_t e = 0; e < n_events; e++) {
+        if (events[e].source != SOURCE_PARK) {
+            continue;
+        }
+        uint64_t irq = 0, resumed = 0, t0 = 0;
+        for (size_t f = 0; f < n_events; f++) {
+            if (events[f].ticket == events[e].ticket && events[f].source == SOURCE_DOORBELL) {
+                irq = events[f].tsc;
+            }
+            if (events[f].ticket == events[e].ticket && events[f].source == SOURCE_RESUMED) {
+                resumed = events[f].tsc;
+            }
+        }
+        for (size_t k = 0; k < longs; k++) {
+            if (tickets[k] == events[e].ticket) {
+                t0 = t0s[k];
+            }
+        }
+        uint64_t other_ran = other_runs_after(events[e].tsc);
+        /* [access->irq, irq->park, park->other thread, park->resumed] in TSC ticks (0: unknown) */
+        printf("%s[%" PRIu64 ", %" PRIu64 ", %" PRIu64 ", %" PRIu64 "]", printed++ ? ", " : "",
+               t0 && irq ? irq - t0 : 0, irq ? events[e].tsc - irq : 0,
+               other_ran ? other_ran - events[e].tsc : 0, resumed ? resumed - events[e].tsc : 0);
+    }
+    printf("]}\n");
+    close(fd);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 5 && strcmp(argv[1], "switch") == 0) {
+        uint64_t bytes = strtoull(argv[2], NULL, 0);
+        size_t samples = strtoull(argv[3], NULL, 0);
+        if (bytes < 4096 || samples == 0) {
+            fprintf(stderr, "skidprobe: BYTES >= 4096 and SAMPLES > 0\n");
+            return 2;
+        }
+        return run_switch(bytes, samples, strtoull(argv[4], NULL, 0));
+    }
     if (argc == 3 && strcmp(argv[1], "spin") == 0) {
         uint64_t iterations = strtoull(argv[2], NULL, 0);
         uint64_t t0 = tsc();
