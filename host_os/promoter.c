@@ -14,7 +14,9 @@
  * copies the page, so the copy's device reads and writes are modelled as any others, and
  * this daemon's own instructions run on the guest's vCPUs: their time is on the modelled
  * clock. It polls the mailbox every --interval-us (default 100) of guest wall-clock
- * time, backing off to 16x that while nothing comes. The guest's clock follows its
+ * time, backing off to 16x that while nothing comes; each poll first waits until the
+ * firmware has served the guest's accesses so far (a clock read), so what it finds does
+ * not depend on the host's speed. The guest's clock follows its
  * instructions (-icount, 1 ns each): 100 us is 100 k instructions of the busy vCPU,
  * a few hundred of them the poll's own (1000 us let a short run end before the
  * daemon looked twice).
@@ -74,6 +76,7 @@ static struct {
     int cxl_node; /* where demoted pages go */
     int scanned;  /* the map was rebuilt during this batch of decisions */
     uint64_t promoted, demoted, failed, scans;
+    uint64_t unmapped; /* of the failed: the page was not (or no longer) the child's */
     uint64_t *promoted_page, *promoted_va; /* device page -> its virtual page, while promoted */
     uint64_t n_promoted, cap_promoted;
 } D;
@@ -193,6 +196,7 @@ static void promote(const uint64_t *pages, unsigned n)
     for (unsigned i = 0; i < n; i++) {
         const uint64_t va = virtual_page(pages[i]);
         if (va == 0) {
+            D.unmapped++;
             failed(pages[i]);
             continue;
         }
@@ -241,9 +245,13 @@ static void demote(uint64_t page)
 }
 
 /* Carry out the decisions the mailbox holds now (not those posted meanwhile: the
- * child's exit is looked at between batches); returns how many there were. */
+ * child's exit is looked at between batches); returns how many there were. The clock
+ * read first is a barrier: the firmware answers it after serving every access published
+ * before it, so the mailbox holds all the decisions those accesses made. Without it,
+ * what a poll found depended on how far the firmware lagged the guest in host time. */
 static unsigned drain(volatile unsigned long long *pv)
 {
+    cxlssd_clock_ns();
     const volatile struct cxlssd_pv_header *header = (const volatile struct cxlssd_pv_header *)pv;
     const uint32_t entries = header->mailbox_entries;
     volatile struct cxlssd_pv_mailbox *box =
@@ -343,7 +351,7 @@ int main(int argc, char **argv)
                                        .tv_nsec = (long)(pause_us % 1000000) * 1000};
         nanosleep(&pause, NULL);
     }
-    fprintf(stderr, "cxlssd-promote: %" PRIu64 " promoted, %" PRIu64 " demoted, %" PRIu64 " failed, %" PRIu64
-                    " scans\n", D.promoted, D.demoted, D.failed, D.scans);
+    fprintf(stderr, "cxlssd-promote: %" PRIu64 " promoted, %" PRIu64 " demoted, %" PRIu64 " failed (%" PRIu64
+                    " not mapped), %" PRIu64 " scans\n", D.promoted, D.demoted, D.failed, D.unmapped, D.scans);
     return exit_status(status);
 }
