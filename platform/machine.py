@@ -447,7 +447,10 @@ class Platform(Lifecycle):
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
             if self._qmp is not None:
-                # QEMU may close the socket before answering 'quit'.
+                # QEMU may close the socket before answering 'quit'. Bounded: a Ctrl-C that
+                # landed inside an earlier QMP call can leave the client without its reader,
+                # and an unbounded 'quit' then waits for an answer forever.
+                self._qmp.settimeout(SHUTDOWN_TIMEOUT_S)
                 with contextlib.suppress(Exception):
                     self._qmp.cmd("quit")
             else:  # not connected yet (boot failed or interrupted): QEMU quits on SIGTERM
