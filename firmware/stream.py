@@ -153,7 +153,9 @@ class StreamServer:
         self.clock_reads = 0
         self.requests = 0
         self.markers = 0
-        self.markers_rejected = 0  # guest markers whose argument is out of range
+        # guest reports naming a page past the device: markers, and the promoted-page
+        # accesses the plugin derives from them
+        self.markers_rejected = 0
         self.end_ns = 0  # latest ready time of any request
         self.results: list[dict[str, Any]] = []
         self.histogram = LatencyHistogram()
