@@ -8,7 +8,8 @@
  * back and evict no dirty page), and the promotion daemon's moves decided meanwhile are
  * waited for (cxlssd_settle). With --warm-reads N, N reads of the ROI's distribution (one
  * task, reads only, a stream of their own) come first, and their moves are waited for too
- * (every 10 000 reads): the ROI then sees the steady state of a design that promotes. ROI --roi (1): --tasks T coroutines of the guest runtime (cxlssd_tasks_run) share
+ * (every 10 000 reads): the ROI then sees the steady state of a design that promotes.
+ * ROI --roi (1): --tasks T coroutines of the guest runtime (cxlssd_tasks_run) share
  * --reads N reads. Each read picks a word: with probability --hot-share P one of the first
  * --hot BYTES (a hot set), else any word, uniformly; it awaits the word's line
  * (cxlssd_await: under a design that switches on long delays, another task runs while the
