@@ -140,19 +140,19 @@ class CounterSnapshot:
 
     @property
     def insns(self) -> int:
-        return sum(v.insns for v in self.vcpus)
+        return self.total("insns")
 
     @property
     def mem_accesses(self) -> int:
-        return sum(v.mem_accesses for v in self.vcpus)
+        return self.total("mem_accesses")
 
     @property
     def cxl_loads(self) -> int:
-        return sum(v.cxl_loads for v in self.vcpus)
+        return self.total("cxl_loads")
 
     @property
     def cxl_stores(self) -> int:
-        return sum(v.cxl_stores for v in self.vcpus)
+        return self.total("cxl_stores")
 
     def total(self, name: str) -> int:
         """A vCPU counter (one of :data:`VCPU_FIELDS`) summed over the vCPUs."""

@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 
 #: the vCPU id the firmware's own hint reads are issued as (no guest vCPU has it)
 ENGINE_VCPU = 0xFFFF
+#: finished transfers kept for a XFER_WAIT (tickets are the guest's: a program that
+#: never waits must not grow the firmware's memory)
+MAX_UNWAITED_TRANSFERS = 4096
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,8 @@ class TransferEngine:
         start_ns = max(bracket.begin_clock_ns, self.free_ns)
         self.free_ns = start_ns + duration_ns
         self._done[ticket] = (start_ns, self.free_ns)
+        if len(self._done) > MAX_UNWAITED_TRANSFERS:  # never waited for: forget the oldest
+            del self._done[next(iter(self._done))]
         c.transfers += 1
         c.demotions += bracket.to_device
         c.promotions += not bracket.to_device

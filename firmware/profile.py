@@ -97,13 +97,6 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    *parents, leaf = dotted.split(".")
-    for part in parents:
-        tree = tree[part]
-    tree[leaf] = value
-
-
 def _schema() -> dict[str, Any]:
     data = _read_yaml(PROFILE_DIR / f"{BASE_PROFILE}.yaml")
     data.pop("extends", None)

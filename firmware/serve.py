@@ -1,7 +1,7 @@
 """The firmware process: the live driver serving a running guest until told to stop.
 
 ``./cxlssd serve-firmware`` runs :func:`serve`; the platform starts it as a
-process of its own (``platform/firmware_process.py``) so the model neither
+process of its own (``platform/live.py``, ``FirmwareProcess``) so the model neither
 competes for the GIL with the platform's SSH traffic nor dies silently with it:
 a dead firmware process is something the platform detects and reports. It stops
 on SIGTERM or SIGINT (or when QEMU exits), serves what is left in the ring and

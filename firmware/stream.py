@@ -44,6 +44,8 @@ _N_SOURCES = len(Source)
 # latency histogram: log-spaced bucket edges from 1 ns to 100 s (for percentiles)
 _EDGES = np.unique(np.round(np.logspace(0, 11, 441)).astype(np.int64))
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+_PAGE_REPORTS = frozenset((MarkerCmd.PROMOTED, MarkerCmd.DEMOTED, MarkerCmd.PROMOTE_FAILED))
+_REJECTIONS_LOGGED = 10  # then only counted (a guest could flood the log)
 
 
 class LatencyHistogram:
@@ -151,6 +153,9 @@ class StreamServer:
         self.clock_reads = 0
         self.requests = 0
         self.markers = 0
+        # guest reports naming a page past the device: markers, and the promoted-page
+        # accesses the plugin derives from them
+        self.markers_rejected = 0
         self.end_ns = 0  # latest ready time of any request
         self.results: list[dict[str, Any]] = []
         self.histogram = LatencyHistogram()
@@ -190,8 +195,10 @@ class StreamServer:
         host = (requests["flags"] & FLAG_HOST) != 0
         if host.any():
             # counted in bulk: recency at this granularity is all the demotion choice needs
-            pages = (requests["addr"][host] >> np.uint64(PAGE_SHIFT)).astype(np.int64)
-            self.controller.count_host_accesses(pages)
+            pages = requests["addr"][host] >> np.uint64(PAGE_SHIFT)
+            inside = pages < self.controller.device_pages  # (from the guest's own reports)
+            self.markers_rejected += int(pages.shape[0]) - int(np.count_nonzero(inside))
+            self.controller.count_host_accesses(pages[inside].astype(np.int64))
             requests = requests[~host]
         if not requests.shape[0]:
             return None
@@ -262,6 +269,13 @@ class StreamServer:
     def _runtime_marker(self, cmd: int, vcpu: int, arg: int, local_ns: int) -> None:
         """The promotion reports and the transfer engine's markers (SWITCH/RESUME are
         the switching's)."""
+        if cmd in _PAGE_REPORTS and arg >= self.controller.device_pages:
+            # guest-supplied (any program can write a marker): never an index into the model
+            self.markers_rejected += 1
+            if self.markers_rejected <= _REJECTIONS_LOGGED:
+                log.warning("marker %d of vCPU %d names device page %#x, beyond the device's %d pages: "
+                            "ignored", cmd, vcpu, arg, self.controller.device_pages)
+            return
         if cmd == MarkerCmd.PROMOTED:
             self.controller.host_promoted(arg)
             self.transfers.page_moved(vcpu)
@@ -328,4 +342,5 @@ class StreamServer:
             "latency_percentiles_ns": {f"p{p:g}": self.histogram.percentile(p) for p in PERCENTILES},
             "rois": self.results,
             "unfinished_rois": self.unfinished(),
+            "markers_rejected": self.markers_rejected,
         }

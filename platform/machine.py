@@ -457,7 +457,9 @@ class Platform(Lifecycle):
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
             if self._qmp is not None:
-                # QEMU may close the socket before answering 'quit'.
+                # QEMU may close the socket before answering 'quit'. Bounded: a QEMU (or a
+                # QMP client interrupted mid-call) that never answers must not hang shutdown.
+                self._qmp.settimeout(SHUTDOWN_TIMEOUT_S)
                 with contextlib.suppress(Exception):
                     self._qmp.cmd("quit")
             else:  # not connected yet (boot failed or interrupted): QEMU quits on SIGTERM

@@ -6,7 +6,10 @@
  * then one read of every cache line (so that the LLC and the SSD's data cache hold clean
  * data, as they would long after the data was written: the ROI's misses write nothing
  * back and evict no dirty page), and the promotion daemon's moves decided meanwhile are
- * waited for (cxlssd_settle). ROI --roi (1): --tasks T coroutines of the guest runtime (cxlssd_tasks_run) share
+ * waited for (cxlssd_settle). With --warm-reads N, N reads of the ROI's distribution (one
+ * task, reads only, a stream of their own) come first, and their moves are waited for too
+ * (every 10 000 reads): the ROI then sees the steady state of a design that promotes.
+ * ROI --roi (1): --tasks T coroutines of the guest runtime (cxlssd_tasks_run) share
  * --reads N reads. Each read picks a word: with probability --hot-share P one of the first
  * --hot BYTES (a hot set), else any word, uniformly; it awaits the word's line
  * (cxlssd_await: under a design that switches on long delays, another task runs while the
@@ -29,25 +32,30 @@
 #define DEFAULT_FOOTPRINT (64ull << 20)
 #define DEFAULT_READS 20000u
 #define UNWRITTEN_CHECKS 4096u
+#define WARM_SETTLE_READS 10000u
 
 /* Generators (wl_stream): task t's accesses, the check's sample, the data. */
 #define STREAM_TASK 1ull
 #define STREAM_CHECK (1ull << 32)
 #define STREAM_DATA (2ull << 32)
+#define STREAM_WARM (3ull << 32)
 
 static const char USAGE[] =
     "usage: randread [--footprint BYTES] [--tasks T] [--reads N] [--hot BYTES]\n"
-    "                [--hot-share P] [--write-share W] [--work K] [--seed S] [--roi ID]\n"
+    "                [--hot-share P] [--write-share W] [--work K] [--warm-reads N]\n"
+    "                [--seed S] [--roi ID]\n"
     "  --footprint    bytes of data (default 64M)\n"
     "  --tasks        tasks sharing the reads (default 1)\n"
     "  --reads        reads in the measured phase, over all tasks (default 20000)\n"
     "  --hot          bytes at the start of the data that form the hot set (default 0)\n"
     "  --hot-share    probability that a read goes to the hot set (default 0.9 if --hot)\n"
     "  --write-share  probability that a read is followed by an increment (default 0)\n"
-    "  --work         arithmetic rounds after each read (default 0)\n" WL_COMMON_USAGE;
+    "  --work         arithmetic rounds after each read (default 0)\n"
+    "  --warm-reads   reads of the same distribution before the ROI, not measured (default 0)\n"
+    WL_COMMON_USAGE;
 
 struct options {
-    uint64_t words, tasks, reads, hot_words, work;
+    uint64_t words, tasks, reads, hot_words, work, warm_reads;
     double hot_share, write_share;
     struct wl_common common;
 };
@@ -189,6 +197,7 @@ int main(int argc, char **argv)
         WL_REAL("hot-share", &opt.hot_share, 0, 1),
         WL_REAL("write-share", &opt.write_share, 0, 1),
         WL_COUNT("work", &opt.work, 0, 1u << 20),
+        WL_SIZE("warm-reads", &opt.warm_reads, 0, 1ull << 32),
         WL_END,
     };
     wl_parse(argc, argv, options, &opt.common);
@@ -212,6 +221,14 @@ int main(int argc, char **argv)
     uint64_t warm = 0;
     for (uint64_t i = 0; i < opt.words; i += 64 / sizeof *data)
         warm += ((volatile uint64_t *)data)[i];
+    uint64_t state = wl_stream(opt.common.seed, STREAM_WARM);
+    for (uint64_t k = 0; k < opt.warm_reads; k++) {
+        warm += ((volatile uint64_t *)data)[next_access(&opt, &state).word];
+        /* the promotion daemon shares the vCPU: a decision that found the mailbox full
+         * is made again on later hits, so let the moves catch up now and then */
+        if ((k + 1) % WARM_SETTLE_READS == 0)
+            cxlssd_settle(60000);
+    }
     sums[0] = warm; /* (overwritten by task 0: only so that the warm reads stay) */
     struct run run = {.opt = &opt, .data = data, .sums = sums};
 
@@ -233,6 +250,7 @@ int main(int argc, char **argv)
     wl_json_real(&j, "hot_share", opt.hot_share);
     wl_json_real(&j, "write_share", opt.write_share);
     wl_json_u64(&j, "work", opt.work);
+    wl_json_u64(&j, "warm_reads", opt.warm_reads);
     wl_report_data(&j, &opt.common);
     wl_json_u64(&j, "writes", writes);
     wl_json_u64(&j, "switches", cxlssd_switches());

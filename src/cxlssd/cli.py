@@ -56,6 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # stop QEMU, remove the runtime files (guest-sized backing files in /dev/shm).
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _raise_keyboard_interrupt)
+    # Ctrl-C too when started with SIGINT ignored (a background job of a script, nohup
+    # under some shells): Python then keeps it ignored, and a SIGINT sent on purpose
+    # would leave the guest booting on.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(message)s" if not args.verbose else "%(asctime)s %(name)s: %(message)s",

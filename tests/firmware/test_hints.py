@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cxlssd.firmware.controller import Controller
-from cxlssd.firmware.hints import HINT_DEAD, HINT_NEED, EngineConfig
+from cxlssd.firmware.hints import HINT_DEAD, HINT_NEED, MAX_UNWAITED_TRANSFERS, EngineConfig
 from cxlssd.firmware.live_switching import guest_driven
 from cxlssd.firmware.profile import load_profile
 from cxlssd.firmware.replay import replay_file
@@ -185,3 +185,17 @@ def test_the_transfer_counters_are_in_the_roi_results_and_replay_identically(tmp
     replayed = replay_file(trace, load_profile("base-cssd"))
     assert replayed["rois"][0]["device"]["transfers"] == transfers
     assert replayed["rois"][0]["modelled_ns"] == roi["modelled_ns"]
+
+
+def test_transfers_never_waited_for_do_not_grow_the_firmwares_memory() -> None:
+    """Tickets are the guest's: a program that brackets moves and never waits keeps
+    only the newest MAX_UNWAITED_TRANSFERS answers in the firmware."""
+    s = server()
+    brackets = [np.concatenate([mark(10 * t, MarkerCmd.XFER_BEGIN, t << 1),
+                                mark(10 * t + 5, MarkerCmd.XFER_END, t)])
+                for t in range(MAX_UNWAITED_TRANSFERS + 10)]
+    s.serve(np.concatenate(brackets))
+    assert s.transfers.counters.transfers == MAX_UNWAITED_TRANSFERS + 10
+    s.serve(mark(10**9, MarkerCmd.XFER_WAIT, 0))  # forgotten: ignored, nothing charged
+    s.serve(mark(10**9, MarkerCmd.XFER_WAIT, MAX_UNWAITED_TRANSFERS + 9))  # kept
+    assert s.transfers.counters.waits == 1

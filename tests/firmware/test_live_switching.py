@@ -222,3 +222,18 @@ def test_a_device_page_freed_by_a_promotion_can_be_reused_and_promoted_again() -
     assert c.counters.promotions_applied == 2 and c.counter_dict()["migration"]["promoted_pages"] == 2
     s.serve(mark(60_000, MarkerCmd.DEMOTED, 4))
     assert c.counter_dict()["migration"]["promoted_pages"] == 1 and c.promoted_pages().tolist() == [4]
+
+
+def test_guest_reports_of_pages_beyond_the_device_are_counted_and_ignored() -> None:
+    """Any guest program can write markers: a page number past the device's end (or a
+    promoted page's host access with one) is never an index into the model."""
+    s, _ = server("skybyte-p", "migration.policy=fixed", "migration.initial_threshold=2")
+    beyond = s.controller.device_pages
+    for cmd in (MarkerCmd.PROMOTED, MarkerCmd.DEMOTED, MarkerCmd.PROMOTE_FAILED):
+        s.serve(mark(1_000, cmd, beyond))
+        s.serve(mark(2_000, cmd, (1 << 63) - 1))
+    s.serve(record(3_000, beyond << 12, flags=FLAG_HOST | FLAG_POSTED))
+    s.serve(record(4_000, 5 << 12))  # and the device goes on serving
+    assert s.markers_rejected == 7 and s.summary()["markers_rejected"] == 7
+    c = s.controller.counters
+    assert c.requests == 1 and c.host_accesses == 0 and c.promotions_applied == 0

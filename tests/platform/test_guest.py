@@ -104,7 +104,9 @@ def test_guest_exec_streams_output_and_exit_status(
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP])
 def test_ctrl_c_or_hangup_during_boot_leaves_nothing(tmp_path: Path, signum: signal.Signals) -> None:
-    """Ctrl-C, and SIGHUP (a closed terminal) alike, stop QEMU and remove the runtime dir."""
+    """Ctrl-C, and SIGHUP (a closed terminal) alike, stop QEMU and remove the runtime dir.
+    Started with SIGINT ignored, as a script's background job is: a SIGINT sent on
+    purpose still interrupts it (it booted on, before the CLI set its handler)."""
     runtime = Path(os.environ["CXLSSD_RUNTIME"])
     before = set(runtime.iterdir()) if runtime.exists() else set()
     process = subprocess.Popen(
@@ -112,9 +114,10 @@ def test_ctrl_c_or_hangup_during_boot_leaves_nothing(tmp_path: Path, signum: sig
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     deadline = time.monotonic() + 120
-    while not any((d / "qemu.pid").exists() for d in set(runtime.iterdir()) - before):
+    while not runtime.is_dir() or not any((d / "qemu.pid").exists() for d in set(runtime.iterdir()) - before):
         assert process.poll() is None and time.monotonic() < deadline, "QEMU never started"
         time.sleep(0.2)
     time.sleep(2)  # QEMU is booting now

@@ -443,7 +443,9 @@ def test_a_guest_failing_to_boot_stops_the_others_and_removes_the_network() -> N
 
 
 INTERRUPTED = """
-import logging, sys
+import logging, signal, sys
+# (as the CLI does: the suite may run with SIGINT ignored, as a background job)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 from cxlssd.platform.config import multi_config_from_dict
 from cxlssd.platform.multi import MultiPlatform

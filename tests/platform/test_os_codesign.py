@@ -23,6 +23,15 @@ RANDOM = ("--footprint", "16M", "--reads", "2000")
 SSD = ("ssd_dram.size_bytes=16MiB", "write_log.size_bytes=2MiB")
 HOT_BYTES = 4 << 20
 HOT = ("--footprint", "32M", "--reads", "40000", "--hot", "4M", "--hot-share", "0.98")
+# The promotion test's ROI measures the steady state, after a warm-up of the same
+# distribution whose page moves are waited for: under the instruction clock the ROI is
+# ~1 M guest instructions, less than the kernel's copies of 1024 pages take on the one
+# vCPU, so without a warm-up no move finished inside it (0 of 3 030 decisions applied,
+# measured) and what was on node 0 was whatever the set-up's decisions had moved
+# (426-780 of 1024 in five runs). The warm-up waits for the moves every 10 000 reads
+# (a decision that found the mailbox full is made again on later hits): 1024 of 1024
+# in two runs; 728-908 when it waited only at its end.
+WARM = ("--warm-reads", "100000")
 # SkyByte's adaptive threshold settles at 7 SSD-DRAM hits per 10 000-access window here,
 # which about half the hot pages reach (docs/host-os.md): promote at 2 to see all of them go.
 EAGER = ("migration.policy=fixed", "migration.initial_threshold=2")
@@ -119,33 +128,28 @@ def test_without_context_switching_the_number_of_tasks_makes_no_difference(
 
 
 def test_promotion_moves_the_hot_set_to_node0_and_approaches_dram_only(default_platform: Platform) -> None:
-    _, base, _ = run(default_platform, "base-cssd", *HOT, overrides=SSD)
-    report, promoted, err = run(default_platform, "skybyte-p", *HOT, overrides=(*SSD, *EAGER))
-    _, ideal, _ = run(default_platform, "dram-only", *HOT, overrides=SSD)
+    _, base, _ = run(default_platform, "base-cssd", *HOT, *WARM, overrides=SSD)
+    report, promoted, err = run(default_platform, "skybyte-p", *HOT, *WARM, overrides=(*SSD, *EAGER))
+    _, ideal, _ = run(default_platform, "dram-only", *HOT, *WARM, overrides=SSD)
     hot_pages = HOT_BYTES // 4096
     print(f"hot set: base-cssd {base['modelled_ns'] / 1e6:.3f} ms, skybyte-p "
           f"{promoted['modelled_ns'] / 1e6:.3f} ms, dram-only {ideal['modelled_ns'] / 1e6:.3f} ms; "
           f"{report['hot_pages_on_node0']}/{hot_pages} hot pages on node 0, promoted share "
           f"{promoted['promoted_share']:.3f}; {err.strip()}")
-    # the guest's own view: the hot pages are in node 0 (DRAM) now (most: a page's
-    # decision can come late, or find the mailbox full of cold pages' decisions and wait
-    # for its next hits; under the instruction clock the daemon polls every 100 k
-    # instructions: 678 of 1024 measured, the gap closed by 63 %)
-    assert report["hot_pages_on_node0"] >= 0.6 * hot_pages
-    # (promoted while the data was set up, or in the ROI: randread waits for the set-up's
-    # moves before its ROI, cxlssd_settle)
+    # the guest's own view: the hot pages are in node 0 (DRAM) now
+    assert report["hot_pages_on_node0"] >= 0.9 * hot_pages
+    # (promoted while the data was set up or warmed: randread waits for those moves
+    # before its ROI, cxlssd_settle)
     assert promoted["run"]["model"]["promotions_applied"] >= hot_pages and " promoted" in err
-    # the device stopped seeing them: DRAM served a large share of the accesses that left
-    # the LLC (the rest: cold reads, and the kernel's copies of pages promoted in the ROI)
-    assert promoted["promoted_share"] > 0.4
-    # on the way from base-cssd to dram-only. What is left is moving pages inside the
-    # ROI (the kernel's copies go through the device; the daemon runs on the vCPU), and
-    # how many moves fall inside it depends on the daemon's polls, now per guest
-    # instruction: 63 % of the gap closed (before -icount: 36-52 %, docs/host-os.md).
+    # the device stopped seeing them: DRAM served most of the accesses that left the LLC
+    # (the rest: cold reads; 0.98 measured)
+    assert promoted["promoted_share"] > 0.8
+    # on the way from base-cssd to dram-only: 62 % and 98 % of the gap closed in two runs
+    # with every hot page promoted (what varies is open, docs/host-os.md)
     gap = base["modelled_ns"] - ideal["modelled_ns"]
     gap_closed = (base["modelled_ns"] - promoted["modelled_ns"]) / gap
     print(f"skybyte-p closed {gap_closed:.0%} of the gap from base-cssd to dram-only")
-    assert gap_closed > 0.25
+    assert gap_closed > 0.4
 
 
 def test_data_survives_heavy_promotion_demotion_and_switching(default_platform: Platform) -> None:
