@@ -36,7 +36,7 @@
 #define CXLSSD_CMD_ROI_END 2u
 #define CXLSSD_CMD_CLOCK 3u          /* a modelled-clock read: the answer in the pv slot */
 #define CXLSSD_CMD_QUERY 4u          /* the next access is a long-delay query */
-#define CXLSSD_CMD_SWITCH 5u         /* the task runtime switched tasks */
+#define CXLSSD_CMD_SWITCH 5u         /* a switch away from a task or thread: id CXLSSD_SWITCH_* */
 #define CXLSSD_CMD_RESUME 6u         /* a task resumes: its ticket in the pv slot's arg0 */
 #define CXLSSD_CMD_PROMOTED 7u       /* promotion reports of host_os/promoter: arg0 device */
 #define CXLSSD_CMD_DEMOTED 8u        /*   page, arg1 the page's physical address in RAM */
@@ -46,6 +46,8 @@
 #define CXLSSD_CMD_XFER_WAIT 12u     /*   arg0 the ticket */
 #define CXLSSD_CMD_HINT 13u          /* lifetime hint: arg0 kind << 56 | op << 48 | pages << 32 | page */
 #define CXLSSD_CMD_LAST CXLSSD_CMD_HINT
+#define CXLSSD_SWITCH_RUNTIME 0u     /* the guest runtime's tasks: charged switch_cost_ns */
+#define CXLSSD_SWITCH_KERNEL 1u      /* the kernel helper parked a thread: its instructions are the cost */
 #define CXLSSD_HINT_NEED 1u          /* the tensor is used at op `op`: bring it into SSD DRAM */
 #define CXLSSD_HINT_DEAD 2u          /* its value is dead after op `op`: drop it, no write-back */
 #define CXLSSD_MAX_HINT_PAGES 0xffffu /* pages one HINT marker names at most */

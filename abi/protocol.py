@@ -60,7 +60,7 @@ class MarkerCmd(enum.IntEnum):
     ROI_END = 2
     CLOCK = 3  # a modelled-clock read
     QUERY = 4  # the next device read asks whether it is a long delay
-    SWITCH = 5  # the guest's task runtime switched tasks
+    SWITCH = 5  # a switch away from a task or thread (``addr``: who switched, SWITCH_*)
     RESUME = 6  # a parked task runs again (ticket in ``addr``)
     PROMOTED = 7  # the guest's daemon moved device page ``addr`` to host DRAM
     DEMOTED = 8  # ... and back
@@ -70,6 +70,11 @@ class MarkerCmd(enum.IntEnum):
     XFER_WAIT = 12  # the vCPU needs transfer ``addr``'s data
     HINT = 13  # a tensor's lifetime hint (``addr``: kind, op, pages, first device page)
 
+
+#: who switched (the SWITCH marker's id): the guest runtime's tasks, charged switch_cost_ns
+SWITCH_RUNTIME = 0
+#: ... the kernel helper, parking a thread: its instructions are the switch's cost
+SWITCH_KERNEL = 1
 
 #: HINT kinds (bits 56..63 of the marker's argument)
 HINT_NEED = 1

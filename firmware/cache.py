@@ -7,11 +7,17 @@ dense per-page array so the controller can look a whole batch of requests up at 
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from cxlssd.firmware.registry import Registry
+
+log = logging.getLogger(__name__)
 
 
 def assign_last(target: np.ndarray, index: np.ndarray, values: np.ndarray) -> None:
@@ -103,6 +109,33 @@ class DataCache:
         self._slot_page = self.slot_page.data
         self._slot_of_page = self.slot_of_page.data
         self._dirty = self.dirty.data
+
+    @contextlib.contextmanager
+    def published(self, path: Path) -> Iterator[None]:
+        """Keep which page sits in which slot (``slot_of_page``, int32, -1: not cached) in
+        the shared file ``path`` while the context lasts, for the TCG plugin: under
+        transparent switching it asks the firmware about reads of pages not cached only
+        (docs/host-os.md). The file has an entry per device page of the guest's devices; one
+        too small for this cache's device is left saying "not cached" everywhere (the plugin
+        then asks about every read). Afterwards the file says so again and the cache keeps
+        a private copy."""
+        shared = np.memmap(path, dtype=np.int32, mode="r+")
+        n = len(self.slot_of_page)
+        if len(shared) < n:
+            log.warning("cache map %s has %d entries for %d device pages: not published",
+                        path, len(shared), n)
+        else:
+            shared[:n] = self.slot_of_page
+            self.slot_of_page = shared[:n]
+            self._slot_of_page = self.slot_of_page.data
+        try:
+            yield
+        finally:
+            self.slot_of_page = np.array(self.slot_of_page, dtype=np.int32)
+            self._slot_of_page = self.slot_of_page.data
+            shared[:] = -1
+            shared.flush()
+            del shared
 
     def lookup(self, page: int) -> int:
         """The slot holding ``page``, or -1."""

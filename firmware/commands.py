@@ -66,6 +66,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_set(f)
     f.add_argument("--pv", type=Path, help="the paravirtual clock page (answers the guest's clock reads)")
     f.add_argument("--control", type=Path, help="control file: firmware knobs appended as JSON lines")
+    f.add_argument("--cache-map", type=Path,
+                   help="the plugin's cache map: which device pages are in SSD DRAM (docs/host-os.md)")
     f.add_argument("--record", type=Path, help="record the request stream to this trace file")
     f.add_argument("--results", type=Path, required=True, help="where to write the results (JSON)")
     f.set_defaults(handler=cmd_serve)
@@ -160,7 +162,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     profile = load_profile(args.design, args.overrides)
     try:
         serve(args.ring, profile, args.results, args.counters, args.record, pv_path=args.pv,
-              control_path=args.control)
+              control_path=args.control, cache_map_path=args.cache_map)
     except RingError as error:
         raise FirmwareError(f"the firmware stopped: {error}") from None
     return 0

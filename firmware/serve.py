@@ -130,6 +130,7 @@ def serve(
     stop: threading.Event | None = None,
     pv_path: Path | None = None,
     control_path: Path | None = None,
+    cache_map_path: Path | None = None,
 ) -> dict[str, Any]:
     """Serve the ring until ``stop`` is set (SIGTERM/SIGINT set it when this
     runs in the main thread) or the plugin exits; write and return the results."""
@@ -150,6 +151,8 @@ def serve(
     with contextlib.ExitStack() as stack:
         counters = stack.enter_context(PluginCounters(counters_path)) if counters_path is not None else None
         page = stack.enter_context(PvPage(pv_path)) if pv_path is not None else None
+        if cache_map_path is not None and controller.cache is not None:
+            stack.enter_context(controller.cache.published(cache_map_path))
         mailbox = Mailbox(page, controller) if page is not None else None
         driver = LiveDriver(
             ring_path,

@@ -8,6 +8,7 @@ Example (``platform/configs/default.yaml``)::
       vcpus: 1
       boot_timeout_s: 600
       clock: instructions # the guest's clocks follow its instructions (-icount), or: host
+      kernel_helper: true # transparent context switching (host_os/kmod/, docs/host-os.md)
     cxl_devices:
       - size: 1GiB
         # optional: a dynamic capacity device (``configs/dcd.yaml``)
@@ -130,6 +131,9 @@ class GuestConfig:
     vcpus: int = 1
     boot_timeout_s: float = 600.0
     clock: str = "instructions"
+    # The guest kernel helper (host_os/kmod/) and its doorbell device: a design that
+    # switches on long delays then does so for unmodified multi-threaded programs.
+    kernel_helper: bool = True
 
 
 @dataclass(frozen=True)
@@ -201,7 +205,7 @@ def _positive_number(value: object, key: str, kind: type, maximum: float) -> Any
 
 def _guest_from(raw: dict[str, Any], where: str) -> GuestConfig:
     defaults = GuestConfig()
-    _check_keys(raw, {"dram", "vcpus", "boot_timeout_s", "clock"}, where)
+    _check_keys(raw, {"dram", "vcpus", "boot_timeout_s", "clock", "kernel_helper"}, where)
     dram_bytes = parse_size(raw["dram"], f"{where}.dram") if "dram" in raw else defaults.dram_bytes
     if dram_bytes % (128 * MiB):
         raise ConfigError(
@@ -211,6 +215,9 @@ def _guest_from(raw: dict[str, Any], where: str) -> GuestConfig:
     clock = raw.get("clock", defaults.clock)
     if clock not in GUEST_CLOCKS:
         raise ConfigError(f"{where}.clock: expected one of {', '.join(GUEST_CLOCKS)}, got {clock!r}")
+    kernel_helper = raw.get("kernel_helper", defaults.kernel_helper)
+    if not isinstance(kernel_helper, bool):
+        raise ConfigError(f"{where}.kernel_helper: expected true or false, got {short_repr(kernel_helper)}")
     return GuestConfig(
         dram_bytes=dram_bytes,
         vcpus=_positive_number(raw.get("vcpus", defaults.vcpus), f"{where}.vcpus", int, MAX_VCPUS),
@@ -219,6 +226,7 @@ def _guest_from(raw: dict[str, Any], where: str) -> GuestConfig:
             MAX_BOOT_TIMEOUT_S,
         ),
         clock=clock,
+        kernel_helper=kernel_helper,
     )
 
 

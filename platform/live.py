@@ -73,8 +73,10 @@ class FirmwareProcess:
         results: Path,
         log_path: Path,
         record: Path | None = None,
+        cache_map: Path | None = None,
     ) -> None:
         self.ring = ring
+        self.cache_map = cache_map
         self.counters = counters
         self.pv = pv
         self.control = control
@@ -104,6 +106,8 @@ class FirmwareProcess:
             argv += ["--set", override]
         if self.record is not None:
             argv += ["--record", str(self.record)]
+        if self.cache_map is not None:
+            argv += ["--cache-map", str(self.cache_map)]
         return argv
 
     def launch(self, timeout_s: float = ATTACH_TIMEOUT_S) -> None:
@@ -246,7 +250,7 @@ class LiveSession(Lifecycle):
         self._firmware = FirmwareProcess(
             files.ring, files.counters, files.pv, control, self.design, self.overrides,
             results=files.ring.with_name("firmware-results.json"),
-            log_path=platform.log_dir / "firmware.log", record=self.record,
+            log_path=platform.log_dir / "firmware.log", record=self.record, cache_map=files.cache_map,
         )
         try:
             self._firmware.launch()

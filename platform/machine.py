@@ -40,6 +40,7 @@ from cxlssd.guest.image import GuestImage, ensure_image
 from cxlssd.guest.runtime.build import ensure_runtime
 from cxlssd.guest.runtime.install import install_runtime
 from cxlssd.host_os.kmod.build import ensure_module
+from cxlssd.host_os.kmod.doorbell import DoorbellServer
 from cxlssd.host_os.kmod.load import install_helper, load_helper
 from cxlssd.lifecycle import Lifecycle, ProcessId, describe_exit
 from cxlssd.paths import cache_dir, runtime_root
@@ -73,8 +74,11 @@ class PluginFiles:
     ring: Path
     pv: Path
     report: Path
+    # Which device pages are in SSD DRAM, published by the firmware: with the kernel helper's
+    # doorbell the plugin asks the firmware about reads of the others only (docs/host-os.md).
+    cache_map: Path | None = None
 
-    def qemu_args(self, config: PlatformConfig) -> list[str]:
+    def qemu_args(self, config: PlatformConfig, doorbell_fd: int | None = None) -> list[str]:
         """The plugin, and the guest's view of the paravirtual clock page (an
         ivshmem BAR backed by the same file the plugin and the firmware map)."""
         cpu = config.cpu
@@ -83,6 +87,10 @@ class PluginFiles:
             f"out={self.report}", "mode=dormant", f"llc={cpu.llc_bytes}", f"llc_ways={cpu.llc_ways}",
             f"insn_ps={cpu.insn_ps}", f"ram_top={config.guest.dram_bytes + RAM_TOP_SLACK_BYTES}",
         ]
+        if doorbell_fd is not None:
+            options.append(f"doorbell_fd={doorbell_fd}")
+        if self.cache_map is not None:
+            options.append(f"cache_map={self.cache_map}")
         return [
             "-plugin", ",".join(options),
             "-object", f"memory-backend-file,id=cxlssd-pv,share=on,mem-path={self.pv},size={PV_BYTES}",
@@ -108,6 +116,14 @@ class CxlDevice:
         if not self.hpa_base <= hpa < self.hpa_base + self.size_bytes:
             raise ValueError(f"HPA {hpa:#x} is outside {self.region}")
         return hpa - self.hpa_base + self.dpa_base
+
+
+def create_cache_map(path: Path, device_bytes: int) -> None:
+    """The cache map of ``device_bytes`` of CXL devices: an int32 per 4 KiB page, all -1
+    (not cached) until a firmware publishes its data cache there (``DataCache.published``)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as file:
+        file.write(b"\xff" * (device_bytes // 4096 * 4))
 
 
 def die_with_parent() -> None:
@@ -196,14 +212,15 @@ class Platform(Lifecycle):
     def __init__(
         self, config: PlatformConfig, image: GuestImage | None = None,
         extra_qemu_args: Sequence[str] = (), plugin: bool = True,
-        pass_fds: Sequence[int] = (), kernel_helper_poll_ns: int | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> None:
         self.config = config
         self.plugin = plugin
-        # The guest kernel helper (host_os/kmod/, issue 14): loaded before the guest is ready
-        # when not None, with this pv-slot poll period (0: no timer). Off by default: its first
-        # build creates a trixie build root (root, ~3 min).
-        self.kernel_helper_poll_ns = kernel_helper_poll_ns
+        # The guest kernel helper (host_os/kmod/, docs/host-os.md) and its doorbell: with the
+        # plugin and guest.kernel_helper (the default). Its first build creates a trixie build
+        # root (root, ~3 min, once).
+        self.kernel_helper = plugin and config.guest.kernel_helper
+        self.doorbell: DoorbellServer | None = None
         # Appended to QEMU's command line (e.g. ``-plugin``); an argv list, never a shell string.
         self.extra_qemu_args = list(extra_qemu_args)
         # Descriptors QEMU inherits, named in extra_qemu_args (a tap: ``-netdev tap,fd=N``).
@@ -238,7 +255,7 @@ class Platform(Lifecycle):
         qemu = check_qemu()
         image = self._image or ensure_image()
         runtime = ensure_runtime()  # built before booting: a compiler error costs no boot
-        helper = None if self.kernel_helper_poll_ns is None else ensure_module(image.kernel)
+        helper = ensure_module(image.kernel) if self.kernel_helper else None
         root = runtime_root()
         # Reap first: a dead instance's backing files would count against the capacity.
         for name in reap_stale_instances():
@@ -258,7 +275,7 @@ class Platform(Lifecycle):
                 install_runtime(self.ssh, runtime, _remaining_s(deadline))
                 if helper is not None:
                     install_helper(self.ssh, helper, _remaining_s(deadline))
-                    load_helper(self.ssh, helper, poll_ns=self.kernel_helper_poll_ns or 0)
+                    load_helper(self.ssh, helper)
             except GuestTimeout as error:
                 raise self._not_ready(f"({error})") from None
             self._write_instance_file()  # now with what the guest made of each device
@@ -291,14 +308,27 @@ class Platform(Lifecycle):
         )
         self._files = files
         argv = [*qemu_argv(qemu, self.config, files), *self.extra_qemu_args]
+        pass_fds = self.pass_fds
         if self.plugin:
             # Paths go into QEMU's comma-separated plugin options: the runtime root has no commas.
             self._plugin_files = PluginFiles(
                 rundir / "plugin.counters", rundir / "plugin.ring", rundir / "plugin.pv",
                 self.log_dir / "plugin.json",
+                cache_map=rundir / "plugin.cachemap" if self.kernel_helper else None,
             )
             create_page(self._plugin_files.pv)
-            argv += self._plugin_files.qemu_args(self.config)
+            doorbell_fd = None
+            if self.kernel_helper:
+                # The plugin rings vector 0 on a long-delay answer (docs/host-os.md): QEMU
+                # inherits its eventfd, the plugin is told its number.
+                assert self._plugin_files.cache_map is not None
+                create_cache_map(self._plugin_files.cache_map, self.config.cxl_total_bytes)
+                self.doorbell = DoorbellServer(rundir / "doorbell.sock")
+                self.doorbell.start()
+                doorbell_fd = self.doorbell.eventfd()
+                argv += self.doorbell.qemu_args()
+                pass_fds = (*pass_fds, doorbell_fd)
+            argv += self._plugin_files.qemu_args(self.config, doorbell_fd)
         log.debug("QEMU: %s", argv)
         self._write_instance_file()
         with open(self.log_dir / "qemu.log", "wb") as qemu_log:
@@ -309,7 +339,7 @@ class Platform(Lifecycle):
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=die_with_parent,
-                pass_fds=self.pass_fds,
+                pass_fds=pass_fds,
             )
         ProcessId.of_child(self._process).write(rundir / "qemu.pid")
         log.info(
@@ -473,6 +503,9 @@ class Platform(Lifecycle):
             with contextlib.suppress(Exception):
                 self._qmp.close()
             self._qmp = None
+        if self.doorbell is not None:
+            self.doorbell.stop()
+            self.doorbell = None
         if self.rundir is not None:
             shutil.rmtree(self.rundir, ignore_errors=True)
             self.rundir = None

@@ -9,12 +9,13 @@
  * waited for (cxlssd_settle). With --warm-reads N, N reads of the ROI's distribution (one
  * task, reads only, a stream of their own) come first, and their moves are waited for too
  * (every 10 000 reads): the ROI then sees the steady state of a design that promotes.
- * ROI --roi (1): --tasks T coroutines of the guest runtime (cxlssd_tasks_run) share
- * --reads N reads. Each read picks a word: with probability --hot-share P one of the first
+ * ROI --roi (1): --tasks T coroutines of the guest runtime (cxlssd_tasks_run), or --threads T
+ * POSIX threads (no runtime calls: a design that switches does so in the guest kernel,
+ * docs/host-os.md), share --reads N reads. Each read picks a word: with probability --hot-share P one of the first
  * --hot BYTES (a hot set), else any word, uniformly; it awaits the word's line
  * (cxlssd_await: under a design that switches on long delays, another task runs while the
- * line comes from flash), reads it, adds it to the task's sum and, with probability
- * --write-share W, increments it. Then --work K rounds of arithmetic (no memory access).
+ * line comes from flash; a no-op in threads), reads it, adds it to the task's sum and, with
+ * probability --write-share W, increments it (atomically in threads). Then --work K rounds of arithmetic (no memory access).
  *
  * Self-check after the ROI: the accesses are regenerated from the seed (each task's own
  * stream, independent of the order the tasks ran in), the expected increments of every
@@ -26,6 +27,7 @@
  */
 #include "common.h"
 
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -41,11 +43,12 @@
 #define STREAM_WARM (3ull << 32)
 
 static const char USAGE[] =
-    "usage: randread [--footprint BYTES] [--tasks T] [--reads N] [--hot BYTES]\n"
+    "usage: randread [--footprint BYTES] [--tasks T | --threads T] [--reads N] [--hot BYTES]\n"
     "                [--hot-share P] [--write-share W] [--work K] [--warm-reads N]\n"
     "                [--seed S] [--roi ID]\n"
     "  --footprint    bytes of data (default 64M)\n"
-    "  --tasks        tasks sharing the reads (default 1)\n"
+    "  --tasks        tasks of the guest runtime sharing the reads (default 1)\n"
+    "  --threads      POSIX threads sharing the reads instead (default 1)\n"
     "  --reads        reads in the measured phase, over all tasks (default 20000)\n"
     "  --hot          bytes at the start of the data that form the hot set (default 0)\n"
     "  --hot-share    probability that a read goes to the hot set (default 0.9 if --hot)\n"
@@ -55,7 +58,7 @@ static const char USAGE[] =
     WL_COMMON_USAGE;
 
 struct options {
-    uint64_t words, tasks, reads, hot_words, work, warm_reads;
+    uint64_t words, tasks, threads, reads, hot_words, work, warm_reads; /* tasks: one per thread with --threads */
     double hot_share, write_share;
     struct wl_common common;
 };
@@ -102,7 +105,9 @@ static void task(unsigned t, void *arg)
         volatile uint64_t *word = &run->data[a.word];
         cxlssd_await(word);
         const uint64_t value = *word;
-        if (a.write)
+        if (a.write && opt->threads > 1)
+            __atomic_fetch_add(word, 1, __ATOMIC_RELAXED); /* another thread may hit the word */
+        else if (a.write)
             *word = value + 1;
         uint64_t acc = value;
         for (uint64_t i = 0; i < opt->work; i++)
@@ -110,6 +115,40 @@ static void task(unsigned t, void *arg)
         sum += acc;
     }
     run->sums[t] = sum;
+}
+
+struct thread_arg {
+    unsigned t;
+    struct run *run;
+};
+
+static void *thread_main(void *arg)
+{
+    const struct thread_arg *a = arg;
+    task(a->t, a->run);
+    return NULL;
+}
+
+/* The ROI's reads in --threads POSIX threads, task t in thread t. */
+static void run_threads(struct run *run)
+{
+    const uint64_t n = run->opt->threads;
+    pthread_t *ids = calloc(n, sizeof *ids);
+    struct thread_arg *args = calloc(n, sizeof *args);
+    if (ids == NULL || args == NULL)
+        wl_fail("calloc", n * (sizeof *ids + sizeof *args));
+    for (uint64_t t = 0; t < n; t++) {
+        args[t] = (struct thread_arg){.t = (unsigned)t, .run = run};
+        const int err = pthread_create(&ids[t], NULL, thread_main, &args[t]);
+        if (err != 0) {
+            fprintf(stderr, "randread: pthread_create failed: %s\n", strerror(err));
+            exit(1);
+        }
+    }
+    for (uint64_t t = 0; t < n; t++)
+        pthread_join(ids[t], NULL);
+    free(args);
+    free(ids);
 }
 
 static int compare_u64(const void *a, const void *b)
@@ -187,11 +226,12 @@ static void where_pages_are(const uint64_t *data, uint64_t bytes, uint64_t *on_n
 int main(int argc, char **argv)
 {
     wl_start("randread", USAGE);
-    struct options opt = {.tasks = 1, .reads = DEFAULT_READS, .hot_share = -1, .write_share = 0,
+    struct options opt = {.tasks = 1, .threads = 1, .reads = DEFAULT_READS, .hot_share = -1, .write_share = 0,
                           .common = WL_COMMON_DEFAULTS};
     uint64_t hot_bytes = 0;
     struct wl_option options[] = {
         WL_COUNT("tasks", &opt.tasks, 1, 256),
+        WL_COUNT("threads", &opt.threads, 1, 256),
         WL_SIZE("reads", &opt.reads, 1, 1ull << 32),
         WL_SIZE("hot", &hot_bytes, 0, 1ull << 40),
         WL_REAL("hot-share", &opt.hot_share, 0, 1),
@@ -207,6 +247,10 @@ int main(int argc, char **argv)
         wl_usage_error("--footprint %" PRIu64 ": must be at least 4K", footprint);
     if (hot_bytes > footprint)
         wl_usage_error("--hot %" PRIu64 ": larger than the footprint (%" PRIu64 ")", hot_bytes, footprint);
+    if (opt.threads > 1 && opt.tasks > 1)
+        wl_usage_error("--tasks %" PRIu64 " with --threads %" PRIu64 ": give one of them", opt.tasks, opt.threads);
+    if (opt.threads > 1)
+        opt.tasks = opt.threads; /* each thread's reads are a task's: the same streams and check */
     opt.hot_words = hot_bytes / sizeof(uint64_t);
     if (opt.hot_share < 0)
         opt.hot_share = opt.hot_words ? 0.9 : 0;
@@ -235,7 +279,9 @@ int main(int argc, char **argv)
     /* the set-up's page moves (it touched every page many times) belong to the set-up */
     cxlssd_settle(60000);
     wl_roi_begin(&opt.common);
-    if (cxlssd_tasks_run((unsigned)opt.tasks, task, &run) != 0)
+    if (opt.threads > 1)
+        run_threads(&run);
+    else if (cxlssd_tasks_run((unsigned)opt.tasks, task, &run) != 0)
         wl_fail("cxlssd_tasks_run", opt.tasks);
     wl_roi_end(&opt.common, &data[0], sizeof data[0]);
 
@@ -244,7 +290,8 @@ int main(int argc, char **argv)
     const uint64_t mismatches = check(&opt, data, &writes, &checksum);
 
     struct wl_json j = wl_report_begin();
-    wl_json_u64(&j, "tasks", opt.tasks);
+    wl_json_u64(&j, "tasks", opt.threads > 1 ? 1 : opt.tasks);
+    wl_json_u64(&j, "threads", opt.threads);
     wl_json_u64(&j, "reads", opt.reads);
     wl_json_u64(&j, "hot_bytes", opt.hot_words * sizeof(uint64_t));
     wl_json_real(&j, "hot_share", opt.hot_share);

@@ -13,14 +13,18 @@
  *   - an ivshmem-doorbell device (PCI 1af4:1110 with MSI-X): its vector 0 is rung by the
  *     host (an eventfd, QEMU's main loop, MSI-X); the handler reads the slot.
  *
- * Each reaction is an event (guest TSC, ticket, source, CPU) that user space reads from
- * /dev/cxlssd_helper (read blocks until one is there; poll works): the promotion daemon
- * can block on it, the skid probe matches events to its own accesses. Under -icount the
- * TSC counts instructions, so TSC differences are instruction counts.
- * /sys/class/misc/cxlssd_helper/stats has the counts. Unloading stops the timers, frees
- * the vector and the mapping, and wakes every reader (it then gets EOF).
+ * Transparent context switching: the plugin rings the doorbell on a long-delay answer to
+ * a device read of a user thread and holds the vCPU until QEMU took the ring; the handler
+ * parks the interrupted thread if another can run (park_current: SWITCH, yield, RESUME).
  *
- * Not here yet: parking the thread that got a long delay, promotion.
+ * While /dev/cxlssd_helper is open, each reaction is an event (guest TSC, ticket, source,
+ * CPU) that the reader gets (read blocks until one is there; poll works): the skid probe
+ * matches events to its own accesses. Under -icount the TSC counts instructions, so TSC
+ * differences are instruction counts. /sys/class/misc/cxlssd_helper/stats has the counts.
+ * Unloading stops the timers, frees the vector and the mapping, and wakes every reader
+ * (it then gets EOF).
+ *
+ * Not here yet: promotion driven by the module.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -36,6 +40,7 @@
 #include <linux/percpu.h>
 #include <linux/poll.h>
 #include <linux/sched.h>
+#include <linux/sched/stat.h>
 #include <linux/slab.h>
 #include <linux/spinlock.h>
 #include <linux/task_work.h>
@@ -67,11 +72,9 @@ static unsigned long poll_ns;
 module_param(poll_ns, ulong, 0444);
 MODULE_PARM_DESC(poll_ns, "poll each vCPU's pv slot every N ns of guest time (0: off; >= 1000)");
 
-/* EXPERIMENT (the switch's cost, not the switching design): on a doorbell that interrupted
- * a user thread, the thread sleeps park_ns of guest time on its way back to user space. */
-static unsigned long park_ns;
-module_param(park_ns, ulong, 0444);
-MODULE_PARM_DESC(park_ns, "experiment: park the thread a doorbell interrupted for N ns of guest time (0: off)");
+static bool switching = true;
+module_param(switching, bool, 0444);
+MODULE_PARM_DESC(switching, "park a user thread that got a long delay when another thread can run (default on)");
 
 struct helper_cpu {
 	struct hrtimer timer;
@@ -91,24 +94,31 @@ static struct {
 	u64 head, tail; /* under lock */
 	wait_queue_head_t readers;
 	bool stopping;
-	atomic64_t ticks, doorbells, reactions, dropped, parks;
+	atomic_t open_files; /* open files of /dev/cxlssd_helper: events are queued only for them */
+	atomic64_t ticks, doorbells, reactions, dropped, parks, not_parked;
 } helper;
 
-static const struct cxlssd_pv_slot *pv_slot(unsigned int cpu)
+static struct cxlssd_pv_slot *pv_slot(unsigned int cpu)
 {
 	const struct cxlssd_pv_header *header = helper.pv;
 
 	if (!header || cpu >= READ_ONCE(header->slots))
 		return NULL;
-	return (const struct cxlssd_pv_slot *)((const char *)helper.pv + header->slot_offset +
-						(size_t)cpu * header->slot_bytes);
+	return (struct cxlssd_pv_slot *)((char *)helper.pv + header->slot_offset +
+					 (size_t)cpu * header->slot_bytes);
 }
+
+/* A marker (docs/plugin.md): the plugin sees it when this CPU executes it. */
+#define HELPER_MARKER(cmd, id) \
+	asm volatile(".byte 0x0f,0x1f,0x84,0x00\n\t.long %c0" :: "i"(CXLSSD_MARKER_DISP((cmd), (id))) : "memory")
 
 static void record(u64 tsc, const struct cxlssd_pv_slot *slot, u64 ticket, u32 source)
 {
 	struct cxlssd_helper_event *event;
 	unsigned long flags;
 
+	if (!atomic_read(&helper.open_files))
+		return; /* nobody reads them: no instructions spent on the vCPU */
 	spin_lock_irqsave(&helper.lock, flags);
 	if (helper.head - helper.tail >= EVENT_SLOTS) {
 		spin_unlock_irqrestore(&helper.lock, flags);
@@ -186,28 +196,53 @@ struct park_work {
 	u64 ticket;
 };
 
-/* Runs in the interrupted thread on its way back to user space: sleep, so that the
- * scheduler runs another thread. A pending park holds a module reference. */
+/*
+ * Runs in the thread that got the long delay, on its way back to user space (a task_work):
+ * the switch. SWITCH (the firmware parks the read's latency under its ticket), then yield:
+ * the thread goes behind the other runnable threads and the scheduler runs one of them.
+ * When the scheduler comes back to it, RESUME with the ticket: the firmware charges what
+ * is left of the latency, max(0, ready - now). This is the round-robin of the guest
+ * runtime's tasks and of the replay's thread model, triggered by the kernel: the thread
+ * never sleeps, so nothing can leave it parked (a firmware that died just stops the
+ * rings). A pending park holds a module reference.
+ */
 static void park_current(struct callback_head *head)
 {
 	struct park_work *work = container_of(head, struct park_work, head);
 	u64 ticket = work->ticket;
-	ktime_t timeout = ns_to_ktime(park_ns);
+	struct cxlssd_pv_slot *slot;
 
 	kfree(work);
 	record(rdtsc_ordered(), NULL, ticket, SOURCE_PARK);
-	set_current_state(TASK_INTERRUPTIBLE);
-	schedule_hrtimeout(&timeout, HRTIMER_MODE_REL);
+	preempt_disable();
+	HELPER_MARKER(CXLSSD_CMD_SWITCH, CXLSSD_SWITCH_KERNEL);
+	preempt_enable();
+	yield();
+	preempt_disable();
+	slot = pv_slot(smp_processor_id());
+	if (slot) {
+		WRITE_ONCE(slot->arg0, ticket);
+		HELPER_MARKER(CXLSSD_CMD_RESUME, 0);
+	}
+	preempt_enable();
 	record(rdtsc_ordered(), NULL, ticket, SOURCE_RESUMED);
 	atomic64_inc(&helper.parks);
 	module_put(THIS_MODULE);
 }
 
+/* A long delay of the interrupted thread: park it if it is a user thread and another
+ * thread can run here (with one, there is nothing to switch to: the read's latency is
+ * charged in full, as without the helper). */
 static void queue_park(u64 ticket)
 {
 	struct park_work *work;
 
-	if (!park_ns || !user_mode(get_irq_regs()) || (current->flags & PF_KTHREAD) || !try_module_get(THIS_MODULE))
+	if (!switching || !user_mode(get_irq_regs()) || (current->flags & PF_KTHREAD) ||
+	    single_task_running()) {
+		atomic64_inc(&helper.not_parked);
+		return;
+	}
+	if (!try_module_get(THIS_MODULE))
 		return;
 	work = kmalloc(sizeof(*work), GFP_ATOMIC);
 	if (!work)
@@ -364,8 +399,22 @@ static __poll_t helper_poll(struct file *file, poll_table *wait)
 	return readable() ? EPOLLIN | EPOLLRDNORM : 0;
 }
 
+static int helper_open(struct inode *inode, struct file *file)
+{
+	atomic_inc(&helper.open_files);
+	return 0;
+}
+
+static int helper_release(struct inode *inode, struct file *file)
+{
+	atomic_dec(&helper.open_files);
+	return 0;
+}
+
 static const struct file_operations helper_fops = {
 	.owner = THIS_MODULE,
+	.open = helper_open,
+	.release = helper_release,
 	.read = helper_read,
 	.poll = helper_poll,
 	.llseek = noop_llseek,
@@ -373,11 +422,12 @@ static const struct file_operations helper_fops = {
 
 static ssize_t stats_show(struct device *dev, struct device_attribute *attr, char *buf)
 {
-	return sysfs_emit(buf, "pv %d poll_ns %lu doorbell %d ticks %lld doorbells %lld reactions %lld dropped %lld parks %lld\n",
-			  helper.pv != NULL, poll_ns, helper.doorbell != NULL,
+	return sysfs_emit(buf, "pv %d poll_ns %lu doorbell %d switching %d ticks %lld doorbells %lld reactions %lld "
+			  "dropped %lld parks %lld not_parked %lld\n",
+			  helper.pv != NULL, poll_ns, helper.doorbell != NULL, switching,
 			  atomic64_read(&helper.ticks), atomic64_read(&helper.doorbells),
 			  atomic64_read(&helper.reactions), atomic64_read(&helper.dropped),
-			  atomic64_read(&helper.parks));
+			  atomic64_read(&helper.parks), atomic64_read(&helper.not_parked));
 }
 static DEVICE_ATTR_RO(stats);
 
@@ -464,4 +514,4 @@ static void __exit helper_exit(void)
 module_init(helper_init);
 module_exit(helper_exit);
 MODULE_LICENSE("GPL");
-MODULE_DESCRIPTION("cxlssd guest kernel helper: long-delay answers from the paravirtual page");
+MODULE_DESCRIPTION("cxlssd guest kernel helper: transparent context switching on long-delay answers");

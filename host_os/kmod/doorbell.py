@@ -8,20 +8,17 @@ the eventfd that rings that vector. QEMU watches those eventfds in its main loop
 raises the vector's MSI-X interrupt in the guest when one is written; the server keeps
 them, so :meth:`DoorbellServer.ring` (or any process given the descriptor) rings it.
 
-    with DoorbellServer() as server:
-        platform = Platform(config, extra_qemu_args=server.qemu_args())
-        ...
-        server.ring()
+The platform runs one per guest (``Platform.doorbell``, the socket in the instance's
+private runtime directory) and gives vector 0's eventfd to the TCG plugin, which rings
+it on a long-delay answer (docs/host-os.md).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import socket
 import struct
-import tempfile
 import threading
 from pathlib import Path
 
@@ -43,29 +40,29 @@ def _message(value: int) -> bytes:
 class DoorbellServer(Lifecycle):
     """The ivshmem server of one ``ivshmem-doorbell`` device with ``vectors`` vectors."""
 
-    def __init__(self, vectors: int = 1) -> None:
+    def __init__(self, socket_path: Path, vectors: int = 1) -> None:
         if not 1 <= vectors <= 64:
             raise ValueError(f"vectors must be 1..64, not {vectors}")
         self.vectors = vectors
-        self.socket_path: Path | None = None
-        self._dir: Path | None = None
+        # In a private directory (the instance's, 0700): the path goes into QEMU's
+        # comma-separated options, so it has no commas.
+        self.socket_path = socket_path
         self._listener: socket.socket | None = None
         self._peer: socket.socket | None = None
         self._shm_fd = -1
         self._eventfds: list[int] = []
+        self._bound = False
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.connected = threading.Event()
 
     def start(self) -> None:
-        # A private directory (0700): the socket's path goes into QEMU's comma-separated options.
-        self._dir = Path(tempfile.mkdtemp(prefix="cxlssd-doorbell-"))
-        self.socket_path = self._dir / "ivshmem.sock"
         self._shm_fd = os.memfd_create("cxlssd-doorbell", os.MFD_CLOEXEC)
         os.ftruncate(self._shm_fd, SHM_BYTES)
         self._eventfds = [os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK) for _ in range(self.vectors)]
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(str(self.socket_path))
+        self._listener.bind(str(self.socket_path))  # fails if the path exists: never reused
+        self._bound = True
         self._listener.listen(1)
         self._listener.settimeout(ACCEPT_TIMEOUT_S)
         self._thread = threading.Thread(target=self._serve, name="ivshmem-server", daemon=True)
@@ -99,8 +96,6 @@ class DoorbellServer(Lifecycle):
 
     def qemu_args(self) -> list[str]:
         """QEMU options for the device (on pcie.0, as the platform's other PCI devices)."""
-        if self.socket_path is None:
-            raise RuntimeError("the doorbell server is not started")
         return ["-chardev", f"socket,path={self.socket_path},id={CHARDEV_ID}",
                 "-device", f"ivshmem-doorbell,chardev={CHARDEV_ID},vectors={self.vectors},bus=pcie.0"]
 
@@ -127,9 +122,9 @@ class DoorbellServer(Lifecycle):
             if fd >= 0:
                 os.close(fd)
         self._eventfds, self._shm_fd = [], -1
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
+        if self._bound:  # the socket this server created (bind refuses an existing path)
+            self.socket_path.unlink(missing_ok=True)
+            self._bound = False
 
     def _begin(self) -> None:
         self.start()

@@ -53,10 +53,10 @@ def _dmesg_tail(guest: GuestSSH) -> str:
     return out.decode(errors="replace").rstrip()
 
 
-def load_helper(guest: GuestSSH, tree: Path, poll_ns: int = 0, park_ns: int = 0) -> None:
+def load_helper(guest: GuestSSH, tree: Path, poll_ns: int = 0, switching: bool = True) -> None:
     """Load the helper (unloading a loaded one first). ``poll_ns``: the per-CPU poll of the
-    pv slots (0: off; the module refuses < 1000). ``park_ns``: an experiment (the switch's
-    cost): a thread whose access rang the doorbell sleeps that long (0: off)."""
+    pv slots (0: off; the module refuses < 1000; the skid experiment's alternative to the
+    doorbell). ``switching``: park a thread that got a long delay (the platform's default)."""
     expected = (tree / "release").read_text().strip()
     _, out, _ = guest.run(["uname", "-r"], check=True, timeout_s=COMMAND_TIMEOUT_S)
     running = out.decode().strip()
@@ -67,7 +67,8 @@ def load_helper(guest: GuestSSH, tree: Path, poll_ns: int = 0, park_ns: int = 0)
         )
     if is_loaded(guest):
         unload_helper(guest)
-    argv = ["insmod", f"{GUEST_DIR}/{MODULE}", f"poll_ns={int(poll_ns)}", f"park_ns={int(park_ns)}"]
+    argv = ["insmod", f"{GUEST_DIR}/{MODULE}", f"poll_ns={int(poll_ns)}",
+            f"switching={int(switching)}"]
     status, _, err = guest.run(argv, timeout_s=COMMAND_TIMEOUT_S)
     if status != 0:
         raise GuestError(
@@ -75,7 +76,7 @@ def load_helper(guest: GuestSSH, tree: Path, poll_ns: int = 0, park_ns: int = 0)
             f"{err.decode(errors='replace').strip()}); the kernel says:\n{_dmesg_tail(guest)}\n"
             "fix: rebuild it for the running kernel (delete the kmod cache dir), or check its parameters"
         )
-    log.info("kernel helper loaded (poll_ns=%d, park_ns=%d)", poll_ns, park_ns)
+    log.info("kernel helper loaded (poll_ns=%d, switching=%s)", poll_ns, switching)
 
 
 def unload_helper(guest: GuestSSH) -> None:

@@ -6,10 +6,11 @@
  *     skidprobe skid BYTES SAMPLES SPIN SEED [straight]   (bound to the CXL node: numactl --membind)
  *     skidprobe spin ITERATIONS
  *
- * skid: touches BYTES of memory, then SAMPLES times reads one random line of it as a
- * long-delay query (the QUERY marker and a one-byte load, as cxlssd_await does: the
- * plugin holds the vCPU until the firmware has answered in the pv slot), between two
- * reads of the guest TSC (t0 before the marker, t1 after the load; t1 - t0 is
+ * skid: touches BYTES of memory, then SAMPLES times reads one random line of it with a
+ * plain one-byte load (under a design that switches, every device read is a query: the
+ * plugin holds the vCPU until the firmware has answered in the pv slot, and rings the
+ * helper's doorbell if the answer is "long"), between two
+ * reads of the guest TSC (t0 before the load, t1 after it; t1 - t0 is
  * query_ticks) and, if the answer is "long", spins SPIN iterations of a two-instruction
  * loop while the kernel reacts. The kernel's events (its TSC at the reaction and the
  * ticket) come from /dev/cxlssd_helper; skid = event TSC - t0: from just before the
@@ -217,24 +218,25 @@ static int run_skid(uint64_t bytes, size_t samples, uint64_t spin_iterations, ui
         }
         const volatile unsigned char *p = data + (next_random(&state) % (bytes / 64)) * 64;
         unsigned value;
+        const uint64_t ticket_before = slot->query_ticket; /* an LLC hit asks nothing */
         uint64_t t0 = tsc();
         if (straight) {
             /* The access, then STRAIGHT_INSNS instructions in the same basic block: a
              * reaction that comes one translation block late shows as + STRAIGHT_INSNS. */
-            __asm__ volatile(".byte 0x0f,0x1f,0x84,0x00\n\t.long %c1\n\tmovzbl (%2), %0\n\t"
+            __asm__ volatile("movzbl (%1), %0\n\t"
                              ".rept " STRAIGHT_INSNS_TEXT "\n\tadd $1, %0\n\t.endr"
                              : "=&r"(value)
-                             : "i"(CXLSSD_MARKER_DISP(CXLSSD_CMD_QUERY, 0u)), "r"(p)
+                             : "r"(p)
                              : "memory", "cc");
         } else {
-            __asm__ volatile(".byte 0x0f,0x1f,0x84,0x00\n\t.long %c1\n\tmovzbl (%2), %0"
+            __asm__ volatile("movzbl (%1), %0"
                              : "=r"(value)
-                             : "i"(CXLSSD_MARKER_DISP(CXLSSD_CMD_QUERY, 0u)), "r"(p)
+                             : "r"(p)
                              : "memory");
         }
         uint64_t t1 = tsc();
         (void)value;
-        if (!slot->query_long) {
+        if (slot->query_ticket == ticket_before || !slot->query_long) {
             shorts++;
             continue;
         }
@@ -335,13 +337,14 @@ static int run_switch(uint64_t bytes, size_t samples, uint64_t seed)
     for (size_t s = 0; s < samples; s++) {
         const volatile unsigned char *p = data + (next_random(&state) % (bytes / 64)) * 64;
         unsigned value;
+        const uint64_t ticket_before = slot->query_ticket; /* an LLC hit asks nothing */
         uint64_t t0 = tsc();
-        __asm__ volatile(".byte 0x0f,0x1f,0x84,0x00\n\t.long %c1\n\tmovzbl (%2), %0"
+        __asm__ volatile("movzbl (%1), %0"
                          : "=r"(value)
-                         : "i"(CXLSSD_MARKER_DISP(CXLSSD_CMD_QUERY, 0u)), "r"(p)
+                         : "r"(p)
                          : "memory");
         (void)value;
-        if (slot->query_long) {
+        if (slot->query_ticket != ticket_before && slot->query_long) {
             t0s[longs] = t0;
             tickets[longs++] = slot->query_ticket;
         }

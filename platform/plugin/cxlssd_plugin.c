@@ -110,6 +110,7 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_version = CXLSSD_QEMU_PLUGIN_API_VERSION;
 #define QUERY_NONE 0u
 #define QUERY_ARMED 1u
 #define QUERY_SENT 2u
+#define QUERY_IMPLICIT 3u /* a device read the plugin queried on its own: the kernel helper switches */
 
 #define DEFAULT_LLC_BYTES (2ULL << 20)
 #define DEFAULT_LLC_WAYS 16u
@@ -400,6 +401,37 @@ static void ring_publish(struct cxlssd_request *rec, uint64_t time_ps, uint64_t 
     __atomic_store_n(&P.ring->head, P.ring_head, __ATOMIC_RELEASE);
 }
 
+/* Transparent context switching (docs/host-os.md): with doorbell_fd=N (the eventfd of
+ * vector 0 of the guest's ivshmem-doorbell device, inherited from the platform) and a
+ * firmware that switches (CXLSSD_FEATURE_CONTEXT_SWITCH in the pv header), every device
+ * read is a query the vCPU waits for. On a long-delay answer the plugin rings the doorbell
+ * and holds the vCPU until QEMU's main loop has taken the ring (the eventfd reads empty
+ * again), which it does in the same handler that raises the guest's MSI-X interrupt: the
+ * guest kernel helper then takes it at the next block boundary (measured: the interrupt
+ * entry, or one translation block later) and parks the thread. */
+#define DOORBELL_TIMEOUT_NS 100000000ULL
+static int doorbell_fd = -1;
+static uint64_t doorbell_rings, doorbell_timeouts, doorbell_wait_ns, doorbell_max_wait_ns;
+static const struct cxlssd_pv_header *pv_header;
+/* cache_map=PATH: per device page, its SSD DRAM slot or -1, published by the firmware: only
+ * reads of pages not cached may be long, so only they are asked about (a round trip to the
+ * firmware each). The firmware is behind the vCPU: a page it evicts in requests it has not
+ * served yet still shows as cached, and its read is then charged in full without a switch. */
+static const int32_t *cache_map;
+static uint64_t cache_map_pages;
+
+/* Whether a device read of `vcpu` at device address `addr` is a query of its own (no QUERY
+ * marker before it): a page that may be long under a design that switches. */
+static inline int implicit_query(unsigned int vcpu, uint64_t addr)
+{
+    if (doorbell_fd < 0 || vcpu >= P.n_pv || P.query_state[vcpu] != QUERY_NONE ||
+        !(LOAD_RELAXED(&pv_header->features) & CXLSSD_FEATURE_CONTEXT_SWITCH)) {
+        return 0;
+    }
+    uint64_t page = addr >> 12;
+    return cache_map == NULL || page >= cache_map_pages || LOAD_RELAXED(&cache_map[page]) < 0;
+}
+
 /* A request is issued at the vCPU's local clock; the firmware adds its latency
  * to the vCPU's stall unless it is posted (a write-back never stalls the vCPU). */
 static void device_request(unsigned int vcpu, struct cxlssd_vcpu_slot *s, const struct window *w, uint64_t line,
@@ -419,11 +451,15 @@ static void device_request(unsigned int vcpu, struct cxlssd_vcpu_slot *s, const 
         return;
     }
     uint8_t flags = posted ? CXLSSD_FLAG_POSTED : 0;
+    const uint64_t addr = (line << LINE_SHIFT) - w->base + w->dpa_base;
     if (op == CXLSSD_OP_READ && P.query_state != NULL && P.query_state[vcpu] == QUERY_ARMED) {
         flags = CXLSSD_FLAG_QUERY;
         P.query_state[vcpu] = QUERY_SENT;
+    } else if (op == CXLSSD_OP_READ && !posted && implicit_query(vcpu, addr)) {
+        flags = CXLSSD_FLAG_QUERY;
+        P.query_state[vcpu] = QUERY_IMPLICIT;
     }
-    ring_publish(rec, now_ps, (line << LINE_SHIFT) - w->base + w->dpa_base, vcpu, LINE_BYTES, op, flags);
+    ring_publish(rec, now_ps, addr, vcpu, LINE_BYTES, op, flags);
 }
 
 /* An LLC miss on a promoted page: DRAM serves it (the local clock already has
@@ -634,19 +670,6 @@ static int await_answer(const uint64_t *answer, uint64_t seq)
     return 1;
 }
 
-/* PROTOTYPE (issue 14, host_os/kmod/, experiments/kmod_skid.py): the eventfd of an
- * ivshmem-doorbell vector, inherited by QEMU and named by $CXLSSD_PLUGIN_DOORBELL_FD
- * (-1: none). On a long-delay answer the plugin rings it and holds the vCPU until
- * QEMU's main loop has taken the ring (the eventfd reads empty again), which it does
- * in the same handler that raises the guest's MSI-X interrupt: the guest kernel then
- * takes it at the next block boundary instead of some thousands of instructions later. */
-#define DOORBELL_TIMEOUT_NS 100000000ULL
-static int doorbell_fd = -1;
-/* $CXLSSD_PLUGIN_DOORBELL_SETTLE_NS: host time to keep holding the vCPU after QEMU took the
- * ring, for its handler to finish raising the interrupt (0 by default). */
-static uint64_t doorbell_settle_ns;
-static uint64_t doorbell_rings, doorbell_timeouts, doorbell_wait_ns, doorbell_max_wait_ns;
-
 static void ring_doorbell(void)
 {
     uint64_t one = 1, start = now_ns();
@@ -664,12 +687,6 @@ static void ring_doorbell(void)
         }
         __builtin_ia32_pause();
     }
-    if (doorbell_settle_ns) {
-        uint64_t taken = now_ns();
-        while (now_ns() - taken < doorbell_settle_ns) {
-            __builtin_ia32_pause();
-        }
-    }
     uint64_t waited_ns = now_ns() - start; /* host time the vCPU was held (emulation cost, not a result) */
     doorbell_wait_ns += waited_ns;
     doorbell_max_wait_ns = waited_ns > doorbell_max_wait_ns ? waited_ns : doorbell_max_wait_ns;
@@ -681,12 +698,12 @@ static void ring_doorbell(void)
 static void answer_query(unsigned int vcpu)
 {
     struct cxlssd_pv_slot *slot = &P.pv[vcpu];
-    int sent = P.query_state[vcpu] == QUERY_SENT;
+    const uint8_t state = P.query_state[vcpu];
     P.query_state[vcpu] = QUERY_NONE;
-    if (sent) {
+    if (state == QUERY_SENT || state == QUERY_IMPLICIT) {
         uint64_t ticket = ++P.query_seq[vcpu];
         if (await_answer(&slot->query_ticket, ticket)) {
-            if (doorbell_fd >= 0 && __atomic_load_n(&slot->query_long, __ATOMIC_ACQUIRE)) {
+            if (state == QUERY_IMPLICIT && __atomic_load_n(&slot->query_long, __ATOMIC_ACQUIRE)) {
                 ring_doorbell();
             }
             return;
@@ -727,7 +744,7 @@ static void set_promoted(uint64_t ram_pa, uint64_t page, int promoted)
 /* The run-time markers (query, switch, resume, promotion reports): arguments
  * from the vCPU's pv slot; a record in the ring so the firmware sees them in
  * stream order. Not ROI events. */
-static void runtime_marker(unsigned int vcpu, uint32_t cmd, uint64_t now_ps)
+static void runtime_marker(unsigned int vcpu, uint32_t cmd, uint32_t id, uint64_t now_ps)
 {
     if (vcpu >= P.n_pv) {
         return;
@@ -737,7 +754,8 @@ static void runtime_marker(unsigned int vcpu, uint32_t cmd, uint64_t now_ps)
         P.query_state[vcpu] = QUERY_ARMED;
         return;
     }
-    uint64_t arg0 = LOAD_RELAXED(&slot->arg0), arg1 = LOAD_RELAXED(&slot->arg1);
+    /* A SWITCH says in its id who switched (CXLSSD_SWITCH_*): no argument to race on. */
+    uint64_t arg0 = cmd == CXLSSD_CMD_SWITCH ? id : LOAD_RELAXED(&slot->arg0), arg1 = LOAD_RELAXED(&slot->arg1);
     if (P.shared) {
         llc_lock();
     }
@@ -813,7 +831,7 @@ static void on_marker(unsigned int vcpu, void *userdata)
         return;
     }
     if (code >> 16 > CXLSSD_CMD_CLOCK) {
-        runtime_marker(vcpu, code >> 16, clock_at(vcpu, s, insns));
+        runtime_marker(vcpu, code >> 16, code & 0xffffu, clock_at(vcpu, s, insns));
         return;
     }
     if (P.shared) {
@@ -1215,6 +1233,7 @@ static int setup_pv(const char *path, unsigned int vcpu_slots)
         return bad_arg("pv", "out of memory");
     }
     struct cxlssd_pv_header *h = (struct cxlssd_pv_header *)map;
+    pv_header = h;
     h->version = CXLSSD_PV_VERSION;
     h->slots = P.n_pv;
     h->slot_offset = CXLSSD_PV_HEADER_BYTES;
@@ -1222,6 +1241,26 @@ static int setup_pv(const char *path, unsigned int vcpu_slots)
     h->mailbox_offset = CXLSSD_PV_MAILBOX_OFFSET;
     h->mailbox_entries = (uint32_t)((bytes < 4096 ? bytes : 4096) - CXLSSD_PV_MAILBOX_OFFSET - CXLSSD_PV_MAILBOX_HEADER) / 8;
     __atomic_store_n(&h->magic, CXLSSD_PV_MAGIC, __ATOMIC_RELEASE);
+    return 0;
+}
+
+static int setup_cache_map(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 4) {
+        if (fd >= 0) {
+            close(fd);
+        }
+        return bad_arg("cache_map", "must be a regular file the platform created (an int32 per device page)");
+    }
+    void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) {
+        return bad_arg("cache_map", "cannot be mapped");
+    }
+    cache_map = map;
+    cache_map_pages = (uint64_t)st.st_size / sizeof *cache_map;
     return 0;
 }
 
@@ -1258,21 +1297,10 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
     uint64_t timeout_ms = DEFAULT_RING_TIMEOUT_MS, insn_ps = DEFAULT_INSN_PS, dram_ps = DEFAULT_DRAM_PS;
     uint64_t ram_top = MAX_RAM_TOP;
     int seen_llc = 0, seen_ways = 0, seen_records = 0, seen_timeout = 0, seen_ps = 0, seen_dram = 0;
-    int seen_ram_top = 0;
+    int seen_ram_top = 0, seen_doorbell = 0;
+    uint64_t doorbell = 0;
     const char *mode = NULL;
-    const char *doorbell = getenv("CXLSSD_PLUGIN_DOORBELL_FD");
-    if (doorbell != NULL && *doorbell != '\0') {
-        uint64_t fd;
-        if (parse_u64(doorbell, doorbell + strlen(doorbell), &fd) != 0 || fd > INT32_MAX) {
-            return bad_arg("CXLSSD_PLUGIN_DOORBELL_FD", "must be a descriptor number");
-        }
-        doorbell_fd = (int)fd;
-    }
-    const char *settle = getenv("CXLSSD_PLUGIN_DOORBELL_SETTLE_NS");
-    if (settle != NULL && *settle != '\0' &&
-        (parse_u64(settle, settle + strlen(settle), &doorbell_settle_ns) != 0 || doorbell_settle_ns > DOORBELL_TIMEOUT_NS)) {
-        return bad_arg("CXLSSD_PLUGIN_DOORBELL_SETTLE_NS", "must be a number of ns up to 100 ms");
-    }
+    const char *cache_map_path = NULL;
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
         const char *eq = strchr(arg, '=');
@@ -1296,6 +1324,11 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
                 return bad_arg(arg, "ring= must be given once, with a path");
             }
             ring_path = value;
+        } else if (key_is(arg, key_len, "cache_map")) {
+            if (cache_map_path != NULL || *value == '\0') {
+                return bad_arg(arg, "cache_map= must be given once, with a path");
+            }
+            cache_map_path = value;
         } else if (key_is(arg, key_len, "pv")) {
             if (pv_path != NULL || *value == '\0') {
                 return bad_arg(arg, "pv= must be given once, with a path");
@@ -1335,6 +1368,7 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
                 {"insn_ps", &insn_ps, &seen_ps},
                 {"dram_ps", &dram_ps, &seen_dram},
                 {"ram_top", &ram_top, &seen_ram_top},
+                {"doorbell_fd", &doorbell, &seen_doorbell},
             };
             size_t k = 0;
             while (k < sizeof numbers / sizeof *numbers && !key_is(arg, key_len, numbers[k].key)) {
@@ -1342,7 +1376,7 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
             }
             if (k == sizeof numbers / sizeof *numbers) {
                 return bad_arg(arg, "unknown key (expected out, shm, window, llc, llc_ways, ring, "
-                                    "ring_records, ring_timeout_ms, insn_ps, dram_ps, ram_top, mode or pv)");
+                                    "ring_records, ring_timeout_ms, insn_ps, dram_ps, ram_top, mode, pv, doorbell_fd or cache_map)");
             }
             if (*numbers[k].seen || parse_u64(value, value_end, numbers[k].value) != 0) {
                 return bad_arg(arg, "must be given once, with a number");
@@ -1373,6 +1407,16 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
     }
     if (ram_top == 0 || ram_top > MAX_RAM_TOP) {
         return bad_arg("ram_top", "must be 1..2^40 bytes");
+    }
+    if (seen_doorbell && (doorbell > INT32_MAX || fcntl((int)doorbell, F_GETFD) < 0)) {
+        return bad_arg("doorbell_fd", "must be an open descriptor QEMU inherited (an eventfd)");
+    }
+    if (seen_doorbell && pv_path == NULL) {
+        return bad_arg("doorbell_fd", "needs pv= (the answers of the queries it rings for)");
+    }
+    doorbell_fd = seen_doorbell ? (int)doorbell : -1;
+    if (cache_map_path != NULL && setup_cache_map(cache_map_path) != 0) {
+        return -1;
     }
     P.promoted_max_pfn = ram_top >> 12;
     P.llc_bytes = llc_bytes;

@@ -74,6 +74,49 @@ def test_a_task_that_resumes_after_the_data_is_there_waits_nothing() -> None:
     assert s.switching.counters.hidden_ns == FLASH_NS
 
 
+def test_a_kernel_switch_costs_its_instructions_not_the_switch_cost() -> None:
+    """The guest kernel helper's SWITCH (transparent switching): the switch's cost is the
+    kernel's own instructions, already on the vCPU's clock; the residual is charged as for
+    the runtime's tasks."""
+    s, answers = server("skybyte-c")
+    s.serve(np.concatenate([query(1000, 5), mark(1010, MarkerCmd.SWITCH, protocol.SWITCH_KERNEL)]))
+    assert answers == [(0, 1, True, 1000 + FLASH_NS)] and stall(s) == 0
+    s.serve(mark(3000, MarkerCmd.RESUME, 1))
+    left = 1000 + FLASH_NS - 3000
+    assert stall(s) == left
+    os = s.switching.counter_dict()
+    assert os["kernel_switches"] == os["resumes"] == 1 and os["switches"] == os["switch_cost_ns"] == 0
+    assert os["hidden_ns"] == FLASH_NS - left and os["parked"] == 0
+
+
+def test_the_data_cache_publishes_its_pages_while_the_context_lasts(tmp_path: Path) -> None:
+    """The cache map the plugin reads under transparent switching: a page's slot while it is
+    cached, -1 once evicted, and -1 everywhere after the firmware is done."""
+    s, _ = server("skybyte-c", "ssd_dram.size_bytes=64KiB", "cache.ways=16")
+    cache = s.controller.cache
+    assert cache is not None
+    path = tmp_path / "cachemap"
+    path.write_bytes(b"\xff" * 4 * (len(cache.slot_of_page) + 3))
+    with cache.published(path):
+        s.serve(np.concatenate([record(page * 10_000, page << 12) for page in range(40)]))
+        shown = np.fromfile(path, dtype=np.int32)
+        assert (shown[:40] >= 0).sum() == 16 and (shown[24:40] >= 0).all()  # the last 16 stay
+        assert (shown[40:] == -1).all()
+    assert (np.fromfile(path, dtype=np.int32) == -1).all()
+    assert cache.lookup(39) >= 0  # the cache keeps its state
+
+
+def test_a_cache_map_too_small_for_the_device_is_not_published(tmp_path: Path) -> None:
+    s, _ = server("skybyte-c")
+    assert s.controller.cache is not None
+    path = tmp_path / "cachemap"
+    path.write_bytes(b"\xff" * 64)
+    with s.controller.cache.published(path):
+        s.serve(record(0, 3 << 12))
+        assert (np.fromfile(path, dtype=np.int32) == -1).all()
+    assert s.controller.cache.lookup(3) >= 0
+
+
 def test_a_long_delay_not_switched_away_from_costs_the_full_latency() -> None:
     s, _ = server("skybyte-c")
     s.serve(np.concatenate([query(0, 5), mark(10, MarkerCmd.RESUME, 1)]))  # no other task: no switch

@@ -60,6 +60,7 @@ def test_shipped_configs_load() -> None:
         ({"guest": {"vcpus": 0}}, "guest.vcpus: must be positive"),
         ({"guest": {"dram": "100MiB"}}, "not a multiple of 128MiB"),
         ({"guest": {"clock": "wall"}}, "guest.clock: expected one of instructions, host, got 'wall'"),
+        ({"guest": {"kernel_helper": "yes"}}, "guest.kernel_helper: expected true or false, got 'yes'"),
         ({"guest": []}, "expected a mapping"),
         ({"cxl_devices": [{"size": "300MiB"}]}, "not a multiple of 256MiB"),
         ({"cxl_devices": [{}]}, "missing 'size'"),

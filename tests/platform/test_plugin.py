@@ -128,6 +128,10 @@ def _qemu_none(plugin_arg: str) -> subprocess.CompletedProcess[str]:
         ("ring=", "ring= must be given once"),
         ("ram_top=0", "must be 1..2^40 bytes"),
         ("ram_top=0x10000000001", "must be 1..2^40 bytes"),
+        ("doorbell_fd=999", "must be an open descriptor QEMU inherited"),
+        ("doorbell_fd=0", "needs pv="),
+        ("cache_map=/nonexistent/cachemap", "must be a regular file the platform created"),
+        ("cache_map=", "cache_map= must be given once"),
     ],
 )
 def test_bad_arguments_stop_qemu_with_the_plugins_message(plugin: Path, args: str, message: str) -> None:
