@@ -154,11 +154,6 @@ static int run_skid(uint64_t bytes, size_t samples, uint64_t spin_iterations, ui
     }
     const volatile struct cxlssd_pv_slot *slot =
         (const volatile void *)((const volatile char *)page + header->slot_offset + cpu * header->slot_bytes);
-    int fd = open("/dev/cxlssd_helper", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
-        fprintf(stderr, "skidprobe: /dev/cxlssd_helper: %s (is cxlssd_helper loaded?)\n", strerror(errno));
-        return 1;
-    }
     unsigned char *data = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     uint64_t *tickets = calloc(samples, sizeof *tickets), *t0s = calloc(samples, sizeof *t0s);
     uint64_t *timer = calloc(samples * 2, sizeof *timer), *doorbell = calloc(samples * 2, sizeof *doorbell);
@@ -172,6 +167,13 @@ static int run_skid(uint64_t bytes, size_t samples, uint64_t spin_iterations, ui
     }
     for (uint64_t i = 0; i < bytes; i += 4096) {
         data[i] = (unsigned char)i;
+    }
+    /* Opened after the set-up: the helper queues events only for an open reader, and the
+     * set-up's own long reads (every device read may ring) are no samples. */
+    int fd = open("/dev/cxlssd_helper", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        fprintf(stderr, "skidprobe: /dev/cxlssd_helper: %s (is cxlssd_helper loaded?)\n", strerror(errno));
+        return 1;
     }
     size_t longs = 0, shorts = 0, n_timer = 0, n_doorbell = 0, unmatched = 0, late = 0;
     struct helper_event events[64];

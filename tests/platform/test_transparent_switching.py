@@ -21,20 +21,37 @@ SSD = ("ssd_dram.size_bytes=16MiB", "write_log.size_bytes=2MiB")
 READS = ("--footprint", "64M", "--reads", "6000", "--write-share", "0.1")
 
 
-def run(platform: Platform, design: str, threads: int) -> dict[str, Any]:
-    """The ROI's results of randread in ``threads`` threads under ``design`` (self-checked)."""
+def run(platform: Platform, design: str, threads: int, args: tuple[str, ...] = READS) -> dict[str, Any]:
+    """The ROI's results of randread in ``threads`` threads under ``design`` (self-checked),
+    with the program's report under ``report``."""
     with platform.attach(design, SSD) as session:
-        _, out, _ = session.run(["randread", *READS, "--threads", str(threads)], check=True)
+        _, out, _ = session.run(["randread", *args, "--threads", str(threads)], check=True)
     report = json.loads(out)
     assert report["check_ok"] and report["mismatches"] == 0, report
     (roi,) = session.results["rois"]
-    return dict(roi)
+    return {**roi, "report": report}
 
 
 @pytest.fixture(scope="module")
 def runs(default_platform: Platform) -> dict[tuple[str, int], dict[str, Any]]:
     return {(design, threads): run(default_platform, design, threads)
             for design in ("skybyte-c", "base-cssd") for threads in (3, 1)}
+
+
+def test_the_runtimes_tasks_in_the_same_shape_for_comparison(
+    runs: dict[tuple[str, int], dict[str, Any]], default_platform: Platform,
+) -> None:
+    """The cooperative trigger (three tasks of the guest runtime on one thread) in the same
+    shape: both switch, the accounting is one model (docs/host-os.md compares them)."""
+    with default_platform.attach("skybyte-c", SSD) as session:
+        _, out, _ = session.run(["randread", *READS, "--tasks", "3"], check=True)
+    assert json.loads(out)["check_ok"]
+    (tasks,) = session.results["rois"]
+    os, base = tasks["device"]["os"], runs["base-cssd", 3]["modelled_ns"]
+    threads = runs["skybyte-c", 3]["modelled_ns"]
+    print(f"3 tasks: skybyte-c {tasks['modelled_ns'] / 1e6:.3f} ms ({base / tasks['modelled_ns']:.2f}x "
+          f"base-cssd's 3 threads); 3 threads: {threads / 1e6:.3f} ms; {json.dumps(os)}")
+    assert os["switches"] > 0 and os["kernel_switches"] == 0 and tasks["modelled_ns"] < base
 
 
 def test_three_threads_on_one_vcpu_gain_from_kernel_switching(
@@ -63,3 +80,17 @@ def test_one_thread_has_nothing_to_switch_to(runs: dict[tuple[str, int], dict[st
     assert os["kernel_switches"] == 0 and os["long_delays"] > 0 and os["ignored"] >= os["long_delays"] - 1
     # no gain: the long reads are charged in full; what C adds is the doorbell's interrupt
     assert c1["modelled_ns"] >= 0.99 * base1["modelled_ns"]
+
+
+def test_switches_and_promotions_together_keep_every_word(default_platform: Platform) -> None:
+    """Integrity under skybyte-full: three threads incrementing words of a hot set that the
+    daemon promotes while the helper parks the threads; the program checks every written
+    word (run() asserts zero mismatches)."""
+    hot = ("--footprint", "64M", "--reads", "8000", "--hot", "4M", "--hot-share", "0.5",
+           "--write-share", "0.3")
+    roi = run(default_platform, "skybyte-full", 3, hot)
+    os, report = roi["device"]["os"], roi["report"]
+    print(f"skybyte-full 3 threads: {roi['modelled_ns'] / 1e6:.3f} ms; {json.dumps(os)}; "
+          f"hot pages on node 0: {report['hot_pages_on_node0']}; writes {report['writes']}")
+    assert os["kernel_switches"] > 1000 and report["writes"] > 2000
+    assert report["hot_pages_on_node0"] > 0
