@@ -92,5 +92,5 @@ def test_switches_and_promotions_together_keep_every_word(default_platform: Plat
     os, report = roi["device"]["os"], roi["report"]
     print(f"skybyte-full 3 threads: {roi['modelled_ns'] / 1e6:.3f} ms; {json.dumps(os)}; "
           f"hot pages on node 0: {report['hot_pages_on_node0']}; writes {report['writes']}")
-    assert os["kernel_switches"] > 1000 and report["writes"] > 2000
+    assert os["kernel_switches"] > 500 and report["writes"] > 2000
     assert report["hot_pages_on_node0"] > 0
