@@ -42,14 +42,15 @@ from typing import Any
 
 from cxlssd.errors import ConfigError
 from cxlssd.guest.image import ensure_image
+from cxlssd.guest.runtime.install import GUEST_RUNTIME_DIR
 from cxlssd.host_os.kmod.build import ensure_module
-from cxlssd.host_os.kmod.load import GUEST_DIR, helper_stats, load_helper, unload_helper
+from cxlssd.host_os.kmod.load import helper_stats, load_helper, unload_helper
 from cxlssd.platform.config import load_config
 from cxlssd.platform.machine import Platform
 
 log = logging.getLogger(__name__)
 
-PROBE = f"{GUEST_DIR}/skidprobe"
+PROBE = f"{GUEST_RUNTIME_DIR}/bin/skidprobe"  # built with the guest runtime (libcxlssd maps the pv page)
 # The SSD DRAM scaled down so that the footprint is 8x the data cache (tests/platform/test_os_codesign.py).
 SMALL_SSD = ("ssd_dram.size_bytes=2MiB", "write_log.size_bytes=256KiB")
 FOOTPRINT_BYTES = 16 << 20

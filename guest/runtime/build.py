@@ -46,6 +46,8 @@ LIBM = ("m",)
 WORKLOAD_LIBRARIES = {"tpcc": ("sqlite3",)}
 # The guest OS's promotion daemon (host_os/, docs/host-os.md).
 PROMOTER_SOURCE = "../../host_os/promoter.c"
+# The kernel helper's skid probe (host_os/kmod/, experiments/kmod_skid.py): a user program.
+SKIDPROBE_SOURCE = "../../host_os/kmod/skidprobe.c"
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ STEPS = (
     # shapes uses constant ROI ids only (the header's macros).
     CompileStep("bin/shapes", (SHAPES_SOURCE,)),
     CompileStep("bin/cxlssd-promote", (PROMOTER_SOURCE, LIBRARY_SOURCE)),
+    CompileStep("bin/skidprobe", (SKIDPROBE_SOURCE, LIBRARY_SOURCE), ("-pthread",)),
     # So do the workloads (--roi ID); they need libm.
     *(
         CompileStep(
@@ -100,6 +103,7 @@ INPUTS = (
     NETKV,
     WORKLOAD_HEADER,
     PROMOTER_SOURCE,
+    SKIDPROBE_SOURCE,
     *(workload_source(name) for name in WORKLOADS),
 )
 EXECUTABLE_MODE = 0o755

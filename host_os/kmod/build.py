@@ -9,7 +9,7 @@ bootstrap exports it as ``CXLSSD_DEBIAN_MIRROR``; no host name is written here):
 
     cache_dir()/kmod-root/trixie-RELEASE-<hash>/     the build root (~2 min once per kernel)
     cache_dir()/kmod/<hash>/                          the built tree, copied into the guest
-        cxlssd_helper.ko   skidprobe   release
+        cxlssd_helper.ko   release   (the skid probe is built with the guest runtime)
 
 The build root's key covers the suite, its packages and the kernel release; the
 tree's key covers the sources (``host_os/kmod/``, ``abi/cxlssd_abi.h``), the kernel
@@ -34,6 +34,7 @@ from pathlib import Path
 
 from cxlssd.cbuild import cached_build
 from cxlssd.errors import PrerequisiteError
+from cxlssd.guest.image import _debian_mirror as debian_mirror  # one reader of the mirror
 from cxlssd.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -44,12 +45,9 @@ SUITE = "trixie"
 # The headers package pulls linux-kbuild and the compiler the kernel was built with.
 BUILD_PACKAGES = ("gcc", "make", "libc6-dev", "libelf-dev", "binutils")
 MODULE_SOURCES = ("cxlssd_helper.c", "Kbuild", "shim/stdint.h", "shim/stddef.h")
-PROBE_SOURCE = "skidprobe.c"
 MODULE = "cxlssd_helper.ko"
-PROBE = "skidprobe"
 ROOT_KIND = "kmod-root"
 CACHE_KIND = "kmod"
-PROBE_CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror", "-std=gnu11", "-pthread")
 BUILD_TIMEOUT_S = 600
 # The bzImage setup header (Documentation/arch/x86/boot.rst): "HdrS" at 0x202, and at
 # 0x20e the offset (from 0x200) of the kernel's version string.
@@ -86,16 +84,6 @@ def build_root_dir(release: str) -> Path:
     return cache_dir() / ROOT_KIND / f"{SUITE}-{release}-{key}"
 
 
-def _mirror() -> str:
-    mirror = os.environ.get("CXLSSD_DEBIAN_MIRROR")
-    if not mirror:
-        raise PrerequisiteError(
-            "CXLSSD_DEBIAN_MIRROR is not set; run the platform through ./cxlssd, "
-            "which reads the mirror from the machine's apt sources"
-        )
-    return mirror
-
-
 def _run(argv: list[str], what: str, timeout_s: float = BUILD_TIMEOUT_S) -> str:
     try:
         result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
@@ -118,7 +106,7 @@ def ensure_build_root(release: str) -> Path:
             "building the guest kernel helper needs root (mmdebstrap --mode=root, chroot)")
     if shutil.which("mmdebstrap") is None:
         raise PrerequisiteError("mmdebstrap not found; run ./cxlssd setup to install it")
-    mirror = _mirror()
+    mirror = debian_mirror()
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=".building", dir=root.parent))
     started = time.monotonic()
@@ -154,14 +142,14 @@ def ensure_build_root(release: str) -> Path:
 
 
 def module_key(release: str) -> str:
-    files = [SOURCE_DIR / name for name in (*MODULE_SOURCES, PROBE_SOURCE)]
+    files = [SOURCE_DIR / name for name in MODULE_SOURCES]
     files += [ABI_HEADER, Path(__file__)]
     return _digest(release.encode(), build_root_dir(release).name.encode(),
                    *(path.name.encode() + b"\0" + path.read_bytes() for path in files))
 
 
 def ensure_module(vmlinuz: Path) -> Path:
-    """The built tree (``cxlssd_helper.ko``, ``skidprobe``, ``release``) for the kernel of
+    """The built tree (``cxlssd_helper.ko``, ``release``) for the kernel of
     ``vmlinuz``, building the root and the module first if needed."""
     release = kernel_release(vmlinuz)
     key = module_key(release)
@@ -179,21 +167,16 @@ def _populate(tree: Path, root: Path, release: str) -> None:
             (work / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(SOURCE_DIR / name, work / name)
         shutil.copyfile(ABI_HEADER, work / ABI_HEADER.name)
-        shutil.copyfile(SOURCE_DIR / PROBE_SOURCE, work / PROBE_SOURCE)
         log.info("building the guest kernel helper for %s in %s", release, root)
         _run(["chroot", str(root), "make", "-s", "-C", f"/usr/src/linux-headers-{release}",
               f"M={inside}", "modules"], "building the guest kernel helper")
         _run(["chroot", str(root), "strip", "--strip-debug", f"{inside}/{MODULE}"],
              "stripping the guest kernel helper")
-        _run(["chroot", str(root), "gcc", *PROBE_CFLAGS, "-I", inside, "-o", f"{inside}/{PROBE}",
-              f"{inside}/{PROBE_SOURCE}"], "building the skid probe")
         info = _run(["chroot", str(root), "modinfo", "-F", "vermagic", f"{inside}/{MODULE}"],
                     "reading the helper's vermagic") if (root / "usr/sbin/modinfo").exists() else ""
         if info and not info.startswith(release + " "):
             raise PrerequisiteError(f"the helper was built for {info.strip()!r}, not {release}")
         shutil.copyfile(work / MODULE, tree / MODULE)
-        shutil.copyfile(work / PROBE, tree / PROBE)
-        (tree / PROBE).chmod(0o755)
         (tree / MODULE).chmod(0o644)
         (tree / "release").write_text(release + "\n")
     finally:

@@ -21,7 +21,7 @@ import shlex
 from pathlib import Path
 
 from cxlssd.errors import GuestError
-from cxlssd.host_os.kmod.build import MODULE, PROBE
+from cxlssd.host_os.kmod.build import MODULE
 from cxlssd.platform.ssh import GuestSSH
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ DMESG_LINES = 8
 
 def install_helper(guest: GuestSSH, tree: Path, timeout_s: float | None = COMMAND_TIMEOUT_S) -> None:
     """Copy the built tree (module, probe, release) to ``/opt/cxlssd-kmod`` in the guest."""
-    missing = [name for name in (MODULE, PROBE, "release") if not (tree / name).is_file()]
+    missing = [name for name in (MODULE, "release") if not (tree / name).is_file()]
     if missing:
         raise GuestError(f"{tree} is not a built kernel helper (missing {', '.join(missing)}); "
                          "build it with cxlssd.host_os.kmod.build.ensure_module()")

@@ -24,7 +24,6 @@
  * check, and with the helper polling, its cost: ticks / (2 x ITERATIONS) - 1).
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -39,7 +38,7 @@
 #include <unistd.h>
 #include <x86intrin.h>
 
-#include "cxlssd_abi.h"
+#include "cxlssd.h" /* cxlssd_pv_page(); includes cxlssd_abi.h */
 
 struct helper_event { /* struct cxlssd_helper_event of the module */
     uint64_t tsc, ticket, ready_ns;
@@ -69,51 +68,6 @@ static void spin(uint64_t iterations)
     __asm__ volatile("1: dec %0\n\tjnz 1b" : "+r"(iterations) : : "cc");
 }
 
-static int read_hex(const char *dir, const char *name, unsigned *value)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "r");
-    if (f == NULL) {
-        return -1;
-    }
-    int ok = fscanf(f, "%x", value) == 1;
-    fclose(f);
-    return ok ? 0 : -1;
-}
-
-/* The paravirtual page: the ivshmem BAR 2 that starts with the pv magic. */
-static volatile uint64_t *map_pv_page(void)
-{
-    DIR *devices = opendir("/sys/bus/pci/devices");
-    struct dirent *entry;
-    volatile uint64_t *found = NULL;
-    while (devices != NULL && found == NULL && (entry = readdir(devices)) != NULL) {
-        char dir[300], bar[320];
-        unsigned vendor, device;
-        snprintf(dir, sizeof dir, "/sys/bus/pci/devices/%s", entry->d_name);
-        if (entry->d_name[0] == '.' || read_hex(dir, "vendor", &vendor) || read_hex(dir, "device", &device) ||
-            vendor != 0x1af4 || device != 0x1110) {
-            continue;
-        }
-        snprintf(bar, sizeof bar, "%s/resource2", dir);
-        int fd = open(bar, O_RDWR | O_SYNC | O_CLOEXEC);
-        if (fd < 0) {
-            continue;
-        }
-        void *map = mmap(NULL, CXLSSD_PV_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        close(fd);
-        if (map != MAP_FAILED && ((volatile uint64_t *)map)[0] == CXLSSD_PV_MAGIC) {
-            found = map;
-        } else if (map != MAP_FAILED) {
-            munmap(map, CXLSSD_PV_BYTES);
-        }
-    }
-    if (devices != NULL) {
-        closedir(devices);
-    }
-    return found;
-}
 
 static int cmp_u64(const void *a, const void *b)
 {
@@ -141,7 +95,7 @@ static uint64_t next_random(uint64_t *state)
 
 static int run_skid(uint64_t bytes, size_t samples, uint64_t spin_iterations, uint64_t seed, int straight)
 {
-    volatile uint64_t *page = map_pv_page();
+    volatile uint64_t *page = (volatile uint64_t *)cxlssd_pv_page();
     if (page == NULL) {
         fprintf(stderr, "skidprobe: no paravirtual page (boot with the platform's plugin)\n");
         return 1;
@@ -310,7 +264,7 @@ static uint64_t other_runs_after(uint64_t when)
 
 static int run_switch(uint64_t bytes, size_t samples, uint64_t seed)
 {
-    volatile uint64_t *page = map_pv_page();
+    volatile uint64_t *page = (volatile uint64_t *)cxlssd_pv_page();
     int fd = open("/dev/cxlssd_helper", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (page == NULL || fd < 0) {
         fprintf(stderr, "skidprobe: needs the pv page and /dev/cxlssd_helper\n");

@@ -67,6 +67,7 @@ def test_the_doorbell_server_speaks_the_ivshmem_protocol_and_rings_the_peers_vec
 # ---- in a guest -----------------------------------------------------------------------
 
 POLL_NS = 20_000
+SKIDPROBE = "/opt/cxlssd/bin/skidprobe"  # built with the guest runtime
 SMALL_SSD = ("ssd_dram.size_bytes=2MiB", "write_log.size_bytes=256KiB")
 
 
@@ -95,7 +96,7 @@ def guest_with_helper(default_platform: object, helper_tree: Path) -> Iterator[o
 def test_the_helper_loads_reacts_to_long_delays_within_its_period_and_unloads_cleanly(
     guest_with_helper: object, helper_tree: Path,
 ) -> None:
-    from cxlssd.host_os.kmod.load import GUEST_DIR, helper_stats, is_loaded, load_helper, unload_helper
+    from cxlssd.host_os.kmod.load import helper_stats, is_loaded, load_helper, unload_helper
 
     platform = guest_with_helper
     guest = platform.guest()  # type: ignore[attr-defined]
@@ -104,7 +105,7 @@ def test_the_helper_loads_reacts_to_long_delays_within_its_period_and_unloads_cl
     try:
         assert helper_stats(guest)["pv"] == 1
         with platform.attach("skybyte-c", SMALL_SSD) as session:  # type: ignore[attr-defined]
-            _, out, _ = session.run([f"{GUEST_DIR}/skidprobe", "skid", str(16 << 20), "40",
+            _, out, _ = session.run([SKIDPROBE, "skid", str(16 << 20), "40",
                                      str(2 * POLL_NS), "7"], check=True)
         probe = json.loads(out)
         # (reactions to the probe's other long reads, e.g. of its own bookkeeping on the CXL
@@ -177,10 +178,8 @@ def test_a_doorbell_rung_by_the_plugin_reaches_the_kernel_within_one_translation
     """Under a design that switches, every long-delay answer to a plain load rings the
     guest's ivshmem-doorbell and the helper's MSI-X handler runs at most the interrupt entry
     plus one translation block after the access (200 instructions follow it in its block)."""
-    from cxlssd.host_os.kmod.load import GUEST_DIR
-
     with guest_with_helper.attach("skybyte-c", SMALL_SSD) as session:  # type: ignore[attr-defined]
-        _, out, _ = session.run([f"{GUEST_DIR}/skidprobe", "skid", str(16 << 20), "40",
+        _, out, _ = session.run([SKIDPROBE, "skid", str(16 << 20), "40",
                                  "2000000", "3", "straight"], check=True)
     probe = json.loads(out)
     assert probe["long"] >= 20 and probe["late"] == 0  # (unmatched: the probe's other long reads)
