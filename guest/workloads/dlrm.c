@@ -9,6 +9,9 @@
  * sparse input, [batch][table][sample][pooling] uint32); ROI --roi (1) is, per batch and
  * table (as an EmbeddingBag runs), the sum-pooling of each sample's L rows into the batch's
  * output [table][sample][dim], followed by a digest of the output (one pass over it).
+ * With --threads N, N POSIX threads share each batch's samples (a contiguous share each, all
+ * tables) and meet at a barrier before the digest: every element adds its rows in the same
+ * order, so the output is the same bit for bit.
  *
  * Self-check after the ROI: the first, the last and two more batches are recomputed naively,
  * from regenerated indices and regenerated table values (not the memory the kernel read),
@@ -17,6 +20,8 @@
  * the check failed, 2 for a usage error.
  */
 #include "common.h"
+
+#include <pthread.h>
 
 #define DEFAULT_TABLES 8u
 #define DEFAULT_ROWS 16384u
@@ -40,7 +45,7 @@ static const char *const DISTS[] = {"zipf", "uniform", NULL};
 static const char USAGE[] =
     "usage: dlrm [--rows R | --footprint BYTES] [--tables T] [--dim D] [--batches B]\n"
     "            [--batch-size S] [--pooling L] [--dist zipf|uniform] [--theta X]\n"
-    "            [--seed S] [--roi ID]\n"
+    "            [--threads N] [--seed S] [--roi ID]\n"
     "  --rows        rows of each embedding table (default 16384)\n"
     "  --footprint   pick the rows so that tables, indices and output fit BYTES\n"
     "  --tables      embedding tables (default 8)\n"
@@ -49,10 +54,11 @@ static const char USAGE[] =
     "  --batch-size  samples per batch (default 128)\n"
     "  --pooling     rows summed per sample and table (default 32)\n"
     "  --dist        row popularity: zipf or uniform (default zipf)\n"
-    "  --theta       zipfian constant, 0 < X < 1 (default 0.99)\n" WL_COMMON_USAGE;
+    "  --theta       zipfian constant, 0 < X < 1 (default 0.99)\n"
+    "  --threads     POSIX threads sharing each batch's samples (default 1)\n" WL_COMMON_USAGE;
 
 struct options {
-    uint64_t tables, rows, dim, batches, batch_size, pooling;
+    uint64_t tables, rows, dim, batches, batch_size, pooling, threads;
     unsigned dist; /* enum dist */
     double theta;
     struct wl_common common;
@@ -70,7 +76,7 @@ static struct options parse_options(int argc, char **argv)
 {
     struct options opt = {.tables = DEFAULT_TABLES, .rows = DEFAULT_ROWS, .dim = DEFAULT_DIM,
                           .batches = DEFAULT_BATCHES, .batch_size = DEFAULT_BATCH_SIZE,
-                          .pooling = DEFAULT_POOLING, .theta = DEFAULT_THETA, .common = WL_COMMON_DEFAULTS};
+                          .pooling = DEFAULT_POOLING, .threads = 1, .theta = DEFAULT_THETA, .common = WL_COMMON_DEFAULTS};
     struct wl_option options[] = {
         WL_SIZED("rows", &opt.rows, 1, MAX_ROWS),
         WL_COUNT("tables", &opt.tables, 1, 1024),
@@ -80,6 +86,7 @@ static struct options parse_options(int argc, char **argv)
         WL_COUNT("pooling", &opt.pooling, 1, 1u << 16),
         WL_CHOICE("dist", &opt.dist, DISTS),
         WL_REAL("theta", &opt.theta, 0, 1),
+        WL_COUNT("threads", &opt.threads, 1, 256),
         WL_END,
     };
     wl_parse(argc, argv, options, &opt.common);
@@ -167,21 +174,76 @@ static inline void pool(const float *table, uint64_t dim, const uint32_t *rows, 
     }
 }
 
-/* Per batch, per table, per sample: out[t][s][..] = sum of the sample's rows of table t. */
-__attribute__((noinline)) static void lookups(const struct model *m, uint64_t batches, const uint32_t *indices,
-                                              float *out, uint64_t *digests)
+struct lookup_run {
+    const struct model *m;
+    uint64_t batches, threads;
+    const uint32_t *indices;
+    float *out;
+    uint64_t *digests;
+    pthread_barrier_t barrier; /* with threads > 1 */
+};
+
+struct lookup_thread {
+    struct lookup_run *run;
+    uint64_t k; /* samples [k * S / N, (k + 1) * S / N) of every batch */
+};
+
+/* Per batch, per table, this thread's samples: out[t][s][..] = sum of the sample's rows of
+ * table t; thread 0 digests the batch's output once every thread has written its share. */
+__attribute__((noinline)) static void *lookups(void *arg)
 {
-    const uint64_t dim = m->dim, bags = m->tables * m->batch_size;
-    for (uint64_t b = 0; b < batches; b++) {
+    const struct lookup_thread *me = arg;
+    struct lookup_run *run = me->run;
+    const struct model *m = run->m;
+    const uint64_t dim = m->dim, bags = m->tables * m->batch_size, per_batch = bags * m->pooling;
+    const uint64_t first = me->k * m->batch_size / run->threads, end = (me->k + 1) * m->batch_size / run->threads;
+    for (uint64_t b = 0; b < run->batches; b++) {
         for (uint64_t t = 0; t < m->tables; t++) {
             const float *table = m->weights + t * m->rows * dim;
-            for (uint64_t s = 0; s < m->batch_size; s++) {
-                pool(table, dim, indices, m->pooling, out + (t * m->batch_size + s) * dim);
+            const uint32_t *indices = run->indices + b * per_batch + (t * m->batch_size + first) * m->pooling;
+            for (uint64_t s = first; s < end; s++) {
+                pool(table, dim, indices, m->pooling, run->out + (t * m->batch_size + s) * dim);
                 indices += m->pooling;
             }
         }
-        digests[b] = digest(out, bags * dim);
+        if (run->threads > 1)
+            pthread_barrier_wait(&run->barrier);
+        if (me->k == 0)
+            run->digests[b] = digest(run->out, bags * dim);
+        if (run->threads > 1) /* the next batch overwrites the output */
+            pthread_barrier_wait(&run->barrier);
     }
+    return NULL;
+}
+
+/* The ROI: every batch's lookups in run->threads threads (the calling one is thread 0). */
+static void run_lookups(struct lookup_run *run)
+{
+    const uint64_t n = run->threads;
+    pthread_t *ids = calloc(n, sizeof *ids);
+    struct lookup_thread *args = calloc(n, sizeof *args);
+    if (ids == NULL || args == NULL)
+        wl_fail("calloc", n * (sizeof *ids + sizeof *args));
+    if (n > 1 && pthread_barrier_init(&run->barrier, NULL, (unsigned)n) != 0) {
+        fprintf(stderr, "dlrm: pthread_barrier_init failed\n");
+        exit(1);
+    }
+    for (uint64_t k = 0; k < n; k++)
+        args[k] = (struct lookup_thread){.run = run, .k = k};
+    for (uint64_t k = 1; k < n; k++) {
+        const int err = pthread_create(&ids[k], NULL, lookups, &args[k]);
+        if (err != 0) {
+            fprintf(stderr, "dlrm: pthread_create failed: %s\n", strerror(err));
+            exit(1);
+        }
+    }
+    lookups(&args[0]);
+    for (uint64_t k = 1; k < n; k++)
+        pthread_join(ids[k], NULL);
+    if (n > 1)
+        pthread_barrier_destroy(&run->barrier);
+    free(args);
+    free(ids);
 }
 
 /* Batch b recomputed from scratch, element by element, with the kernel's order of additions. */
@@ -232,8 +294,10 @@ int main(int argc, char **argv)
     for (uint64_t b = 0; b < opt.batches; b++)
         batch_indices(&opt, &zipf, rows, b, indices + b * per_batch);
 
+    struct lookup_run run = {.m = &m, .batches = opt.batches, .threads = opt.threads, .indices = indices,
+                             .out = out, .digests = digests};
     wl_roi_begin(&opt.common);
-    lookups(&m, opt.batches, indices, out, digests);
+    run_lookups(&run);
     wl_roi_end(&opt.common, &digests[0], sizeof digests[0]);
 
     uint32_t *check_indices = wl_alloc(per_batch * sizeof(uint32_t));
@@ -254,6 +318,7 @@ int main(int argc, char **argv)
     wl_json_u64(&j, "batches", opt.batches);
     wl_json_u64(&j, "batch_size", m.batch_size);
     wl_json_u64(&j, "pooling", m.pooling);
+    wl_json_u64(&j, "threads", opt.threads);
     wl_json_str(&j, "dist", DISTS[opt.dist]);
     if (opt.dist == DIST_ZIPF)
         wl_json_real(&j, "theta", opt.theta);
