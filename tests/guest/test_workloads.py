@@ -33,6 +33,7 @@ RESULT_FIELDS = {
     "srad": {"mean", "q0sqr_last", "pixels_compared", "finite"},
     "kvstore": {"reads", "updates", "failures"},
     "dlrm": {"lookups", "bytes_gathered"},
+    "randread": {"writes", "mismatches", "switches"},
     "tpcc": {"new_order", "payment", "order_status", "delivery", "stock_level", "rollbacks", "violations"},
 }
 # Small runs of every workload (and kernel), for the tests of checksums and checks.
@@ -200,6 +201,19 @@ def test_dlrm(runtime: Path) -> None:
     data = report(runtime, "dlrm", *args, "--pooling", "3", "--footprint", "64K")
     assert data["params"]["dist"] == "uniform" and "theta" not in data["params"]
     assert 0.99 * 65536 < data["footprint_bytes"] <= 65536 and data["lookups"] == 5 * 3 * 7 * 3
+
+
+@pytest.mark.parametrize(("name", "args"), [
+    ("dlrm", ["--tables", "3", "--rows", "2000", "--batches", "5", "--batch-size", "7"]),
+    ("randread", ["--footprint", "1M", "--reads", "20000", "--write-share", "0.3"]),
+])
+def test_threads_compute_what_one_thread_does(runtime: Path, name: str, args: list[str]) -> None:
+    """--threads N (POSIX threads): the same result as one thread, self-check passed (report()
+    asserts it), also with more threads than a batch has samples."""
+    one = report(runtime, name, *args)
+    for threads in ("3", "8"):
+        data = report(runtime, name, *args, "--threads", threads)
+        assert data["params"]["threads"] == int(threads) and data["checksum"] == one["checksum"]
 
 
 TPCC_DEFAULT_PARAMS = {
