@@ -9,7 +9,9 @@
  * top-left 128x128 pixels; pass 1, per pixel, the differences to its four neighbours
  * (clamped at the border) and the coefficient; pass 2, per pixel, J += lambda/4 times the
  * divergence, with the coefficients of the pixel and of its south and east neighbours.
- * ROI --roi (1) is the K iterations.
+ * ROI --roi (1) is the K iterations. With --threads N, N POSIX threads share the rows (a
+ * contiguous band each) and meet at a barrier after the statistic and after each pass: every
+ * pixel is computed as with one thread, bit for bit.
  *
  * Self-check after the ROI: two windows of the image, the top-left one holding the
  * statistic region and the bottom-right corner, are recomputed from the input by a naive
@@ -20,6 +22,8 @@
  * failed, 2 for a usage error.
  */
 #include "common.h"
+
+#include <pthread.h>
 
 #define DEFAULT_SIDE 512u
 #define DEFAULT_ITERATIONS 10u
@@ -34,27 +38,29 @@
 
 static const char USAGE[] =
     "usage: srad [--width W --height H | --footprint BYTES] [--iterations K] [--lambda L]\n"
-    "            [--seed S] [--roi ID]\n"
+    "            [--threads N] [--seed S] [--roi ID]\n"
     "  --width, --height  image size in pixels (default 512 x 512)\n"
     "  --footprint        a square image whose six float arrays (24 bytes a pixel) fit BYTES\n"
     "  --iterations       diffusion iterations (default 10)\n"
-    "  --lambda           step size, 0 < L < 1 (default 0.5)\n" WL_COMMON_USAGE;
+    "  --lambda           step size, 0 < L < 1 (default 0.5)\n"
+    "  --threads          POSIX threads sharing the rows (default 1)\n" WL_COMMON_USAGE;
 
 struct options {
-    uint64_t width, height, iterations;
+    uint64_t width, height, iterations, threads;
     double lambda;
     struct wl_common common;
 };
 
 static struct options parse_options(int argc, char **argv)
 {
-    struct options opt = {.width = DEFAULT_SIDE, .height = DEFAULT_SIDE, .iterations = DEFAULT_ITERATIONS,
+    struct options opt = {.width = DEFAULT_SIDE, .height = DEFAULT_SIDE, .iterations = DEFAULT_ITERATIONS, .threads = 1,
                           .lambda = DEFAULT_LAMBDA, .common = WL_COMMON_DEFAULTS};
     struct wl_option options[] = {
         WL_SIZED("width", &opt.width, MIN_SIDE, MAX_SIDE),
         WL_SIZED("height", &opt.height, MIN_SIDE, MAX_SIDE),
         WL_COUNT("iterations", &opt.iterations, 1, 1u << 20),
         WL_REAL("lambda", &opt.lambda, 0, 1),
+        WL_COUNT("threads", &opt.threads, 1, 256),
         WL_END,
     };
     wl_parse(argc, argv, options, &opt.common);
@@ -131,14 +137,43 @@ struct image {
     float *J, *c, *d[4]; /* d[NORTH..EAST]: the differences */
 };
 
-__attribute__((noinline)) static void srad(struct image *im, uint64_t iterations, float lambda, float *q0sqr_log)
+struct srad_run {
+    struct image *im;
+    uint64_t iterations, threads;
+    float lambda;
+    float *q0sqr_log;
+    pthread_barrier_t barrier; /* with threads > 1 */
+};
+
+struct srad_thread {
+    struct srad_run *run;
+    uint64_t k; /* rows [k * H / N, (k + 1) * H / N) */
+};
+
+static inline void srad_barrier(struct srad_run *run)
 {
+    if (run->threads > 1)
+        pthread_barrier_wait(&run->barrier);
+}
+
+/* This thread's rows of every iteration; thread 0 also takes the statistic. The barriers
+ * order the passes as one thread would: pass 1 reads J's neighbouring rows, pass 2 the
+ * south neighbour's coefficient. */
+__attribute__((noinline)) static void *srad(void *arg)
+{
+    const struct srad_thread *me = arg;
+    struct srad_run *run = me->run;
+    const struct image *im = run->im;
     const uint64_t rows = im->rows, cols = im->cols;
+    const uint64_t first = me->k * rows / run->threads, end = (me->k + 1) * rows / run->threads;
     float *const J = im->J, *const coeff = im->c;
     float *const dn = im->d[NORTH], *const ds = im->d[SOUTH], *const dw = im->d[WEST], *const de = im->d[EAST];
-    for (uint64_t it = 0; it < iterations; it++) {
-        const float q0sqr = q0sqr_log[it] = statistic(J, rows, cols);
-        for (uint64_t i = 0; i < rows; i++) {
+    for (uint64_t it = 0; it < run->iterations; it++) {
+        if (me->k == 0)
+            run->q0sqr_log[it] = statistic(J, rows, cols);
+        srad_barrier(run);
+        const float q0sqr = run->q0sqr_log[it];
+        for (uint64_t i = first; i < end; i++) {
             const float *row = J + i * cols, *north = J + before(i) * cols, *south = J + after(i, rows) * cols;
             const uint64_t k = i * cols;
             for (uint64_t j = 0; j < cols; j++) {
@@ -150,15 +185,46 @@ __attribute__((noinline)) static void srad(struct image *im, uint64_t iterations
                 de[k + j] = d[EAST];
             }
         }
-        for (uint64_t i = 0; i < rows; i++) {
+        srad_barrier(run);
+        for (uint64_t i = first; i < end; i++) {
             const uint64_t k = i * cols;
             const float *c = coeff + k, *c_south = coeff + after(i, rows) * cols;
             for (uint64_t j = 0; j < cols; j++) {
                 const float d[4] = {dn[k + j], ds[k + j], dw[k + j], de[k + j]};
-                J[k + j] = diffuse(J[k + j], c[j], c_south[j], c[after(j, cols)], d, lambda);
+                J[k + j] = diffuse(J[k + j], c[j], c_south[j], c[after(j, cols)], d, run->lambda);
             }
         }
+        srad_barrier(run); /* the next statistic and pass 1 read J */
     }
+    return NULL;
+}
+
+/* The ROI: the iterations in run->threads threads (the calling one is thread 0). */
+static void run_srad(struct srad_run *run)
+{
+    const uint64_t n = run->threads;
+    pthread_t *ids = calloc(n, sizeof *ids);
+    struct srad_thread *args = calloc(n, sizeof *args);
+    if (ids == NULL || args == NULL || (n > 1 && pthread_barrier_init(&run->barrier, NULL, (unsigned)n) != 0)) {
+        fprintf(stderr, "srad: cannot set up %" PRIu64 " threads\n", n);
+        exit(1);
+    }
+    for (uint64_t k = 0; k < n; k++)
+        args[k] = (struct srad_thread){.run = run, .k = k};
+    for (uint64_t k = 1; k < n; k++) {
+        const int err = pthread_create(&ids[k], NULL, srad, &args[k]);
+        if (err != 0) {
+            fprintf(stderr, "srad: pthread_create failed: %s\n", strerror(err));
+            exit(1);
+        }
+    }
+    srad(&args[0]);
+    for (uint64_t k = 1; k < n; k++)
+        pthread_join(ids[k], NULL);
+    if (n > 1)
+        pthread_barrier_destroy(&run->barrier);
+    free(args);
+    free(ids);
 }
 
 /* ---- the check ------------------------------------------------------------------------- */
@@ -247,8 +313,10 @@ int main(int argc, char **argv)
         for (uint64_t j = 0; j < im.cols; j++)
             im.J[i * im.cols + j] = input_pixel(key, i, j);
 
+    struct srad_run run = {.im = &im, .iterations = opt.iterations, .threads = opt.threads,
+                           .lambda = (float)opt.lambda, .q0sqr_log = q0sqr_log};
     wl_roi_begin(&opt.common);
-    srad(&im, opt.iterations, (float)opt.lambda, q0sqr_log);
+    run_srad(&run);
     wl_roi_end(&opt.common, &im.J[0], sizeof im.J[0]);
 
     bool finite = true;
@@ -267,6 +335,7 @@ int main(int argc, char **argv)
     wl_json_u64(&j, "height", im.rows);
     wl_json_u64(&j, "iterations", opt.iterations);
     wl_json_real(&j, "lambda", opt.lambda);
+    wl_json_u64(&j, "threads", opt.threads);
     wl_report_data(&j, &opt.common);
     wl_json_real(&j, "mean", sum / (double)pixels);
     wl_json_real(&j, "q0sqr_last", q0sqr_log[opt.iterations - 1]);

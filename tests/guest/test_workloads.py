@@ -155,6 +155,7 @@ def test_srad(runtime: Path) -> None:
         "height": 512,
         "iterations": 10,
         "lambda": 0.5,
+        "threads": 1,
         "seed": 1,
         "roi": 1,
     }
@@ -205,12 +206,13 @@ def test_dlrm(runtime: Path) -> None:
 
 @pytest.mark.parametrize(("name", "args"), [
     ("dlrm", ["--tables", "3", "--rows", "2000", "--batches", "5", "--batch-size", "7"]),
+    ("srad", ["--width", "64", "--height", "6", "--iterations", "3"]),
     ("randread", ["--footprint", "1M", "--reads", "20000", "--write-share", "0.3"]),
 ])
 def test_threads_compute_what_one_thread_does(runtime: Path, name: str, args: list[str]) -> None:
-    """--threads N (POSIX threads): the same result as one thread (dlrm; also with more threads
-    than a batch has samples) or as N tasks of the guest runtime (randread: each thread's reads
-    are a task's stream), self-check passed (report() asserts it)."""
+    """--threads N (POSIX threads): the same result as one thread (dlrm, srad; also with more
+    threads than a batch has samples or the image rows) or as N tasks of the guest runtime
+    (randread: each thread's reads are a task's stream), self-check passed (report() asserts it)."""
     for threads in ("3", "8"):
         data = report(runtime, name, *args, "--threads", threads)
         same = report(runtime, name, *args, *(("--tasks", threads) if name == "randread" else ()))
