@@ -39,15 +39,16 @@ def runtime() -> Path:
 
 @pytest.fixture
 def sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private copy of the runtime's sources (and the workloads', the promotion
-    daemon's and the protocol header next to them), built into a private cache."""
+    """A private copy of the runtime's sources (and the workloads', the programs of host_os/
+    and the protocol header next to them), built into a private cache."""
     monkeypatch.setenv("CXLSSD_CACHE", str(tmp_path / "cache"))
     copy = tmp_path / "guest" / "runtime"
     ignore = shutil.ignore_patterns("__pycache__")
     shutil.copytree(build.SOURCE_DIR, copy, ignore=ignore)
     shutil.copytree(build.SOURCE_DIR / build.WORKLOAD_SOURCES, copy / build.WORKLOAD_SOURCES, ignore=ignore)
-    (copy / build.PROMOTER_SOURCE).parent.mkdir()
-    shutil.copyfile(build.SOURCE_DIR / build.PROMOTER_SOURCE, copy / build.PROMOTER_SOURCE)
+    for source in (build.PROMOTER_SOURCE, build.SKIDPROBE_SOURCE):  # the programs of host_os/
+        (copy / source).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(build.SOURCE_DIR / source, copy / source)
     (copy / build.ABI_HEADER).parent.mkdir()
     shutil.copyfile(build.SOURCE_DIR / build.ABI_HEADER, copy / build.ABI_HEADER)
     monkeypatch.setattr(build, "SOURCE_DIR", copy)
@@ -355,7 +356,7 @@ def test_install_copies_the_tree_with_its_modes(
         files = sorted(str(p.relative_to(installed)) for p in installed.rglob("*") if p.is_file())
         workloads = [f"bin/{name}" for name in build.WORKLOADS]
         assert files == sorted(
-            ["bin/chase", "bin/cxlssd-promote", "bin/shapes", *workloads, "include/cxlssd.h",
+            ["bin/chase", "bin/cxlssd-promote", "bin/shapes", "bin/skidprobe", *workloads, "include/cxlssd.h",
              "include/cxlssd_abi.h", "lib/libcxlssd.so", "python/cxlssd_guest.py", "python/netkv.py"]
         )
         for name in files:
