@@ -17,6 +17,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -72,6 +73,52 @@ __attribute__((noreturn)) static inline void wl_fail(const char *what, uint64_t 
 {
     fprintf(stderr, "%s: %s of %" PRIu64 " bytes failed: %s\n", wl_program.name, what, bytes, strerror(errno));
     exit(1);
+}
+
+/* ---- threads (--threads N) ------------------------------------------------------------- */
+
+struct wl_thread {
+    void (*fn)(uint64_t k, void *shared);
+    void *shared;
+    uint64_t k;
+};
+
+static inline void *wl_thread_main(void *arg)
+{
+    const struct wl_thread *t = arg;
+    t->fn(t->k, t->shared);
+    return NULL;
+}
+
+/* fn(k, shared) in n POSIX threads, k = 0 .. n-1 (thread 0 is the caller); returns when every
+ * one has. With `barrier`, a barrier for the n threads is set up there first (n > 1) and
+ * destroyed after. Exits with a message if the threads cannot be made. */
+static inline void wl_run_threads(uint64_t n, void (*fn)(uint64_t k, void *shared), void *shared,
+                                  pthread_barrier_t *barrier)
+{
+    pthread_t *ids = calloc(n, sizeof *ids);
+    struct wl_thread *threads = calloc(n, sizeof *threads);
+    if (ids == NULL || threads == NULL ||
+        (barrier != NULL && n > 1 && pthread_barrier_init(barrier, NULL, (unsigned)n) != 0)) {
+        fprintf(stderr, "%s: cannot set up %" PRIu64 " threads\n", wl_program.name, n);
+        exit(1);
+    }
+    for (uint64_t k = 0; k < n; k++)
+        threads[k] = (struct wl_thread){.fn = fn, .shared = shared, .k = k};
+    for (uint64_t k = 1; k < n; k++) {
+        const int err = pthread_create(&ids[k], NULL, wl_thread_main, &threads[k]);
+        if (err != 0) {
+            fprintf(stderr, "%s: pthread_create failed: %s\n", wl_program.name, strerror(err));
+            exit(1);
+        }
+    }
+    fn(0, shared);
+    for (uint64_t k = 1; k < n; k++)
+        pthread_join(ids[k], NULL);
+    if (barrier != NULL && n > 1)
+        pthread_barrier_destroy(barrier);
+    free(threads);
+    free(ids);
 }
 
 /* ---- argument values ---------------------------------------------------------------- */

@@ -21,8 +21,6 @@
  */
 #include "common.h"
 
-#include <pthread.h>
-
 #define DEFAULT_TABLES 8u
 #define DEFAULT_ROWS 16384u
 #define DEFAULT_DIM 64u
@@ -183,20 +181,14 @@ struct lookup_run {
     pthread_barrier_t barrier; /* with threads > 1 */
 };
 
-struct lookup_thread {
-    struct lookup_run *run;
-    uint64_t k; /* samples [k * S / N, (k + 1) * S / N) of every batch */
-};
-
-/* Per batch, per table, this thread's samples: out[t][s][..] = sum of the sample's rows of
+/* Per batch, per table, thread k's samples [k * S / N, (k + 1) * S / N): out[t][s][..] = sum of the sample's rows of
  * table t; thread 0 digests the batch's output once every thread has written its share. */
-__attribute__((noinline)) static void *lookups(void *arg)
+__attribute__((noinline)) static void lookups(uint64_t k, void *shared)
 {
-    const struct lookup_thread *me = arg;
-    struct lookup_run *run = me->run;
+    struct lookup_run *run = shared;
     const struct model *m = run->m;
     const uint64_t dim = m->dim, bags = m->tables * m->batch_size, per_batch = bags * m->pooling;
-    const uint64_t first = me->k * m->batch_size / run->threads, end = (me->k + 1) * m->batch_size / run->threads;
+    const uint64_t first = k * m->batch_size / run->threads, end = (k + 1) * m->batch_size / run->threads;
     for (uint64_t b = 0; b < run->batches; b++) {
         for (uint64_t t = 0; t < m->tables; t++) {
             const float *table = m->weights + t * m->rows * dim;
@@ -208,42 +200,11 @@ __attribute__((noinline)) static void *lookups(void *arg)
         }
         if (run->threads > 1)
             pthread_barrier_wait(&run->barrier);
-        if (me->k == 0)
+        if (k == 0)
             run->digests[b] = digest(run->out, bags * dim);
         if (run->threads > 1) /* the next batch overwrites the output */
             pthread_barrier_wait(&run->barrier);
     }
-    return NULL;
-}
-
-/* The ROI: every batch's lookups in run->threads threads (the calling one is thread 0). */
-static void run_lookups(struct lookup_run *run)
-{
-    const uint64_t n = run->threads;
-    pthread_t *ids = calloc(n, sizeof *ids);
-    struct lookup_thread *args = calloc(n, sizeof *args);
-    if (ids == NULL || args == NULL)
-        wl_fail("calloc", n * (sizeof *ids + sizeof *args));
-    if (n > 1 && pthread_barrier_init(&run->barrier, NULL, (unsigned)n) != 0) {
-        fprintf(stderr, "dlrm: pthread_barrier_init failed\n");
-        exit(1);
-    }
-    for (uint64_t k = 0; k < n; k++)
-        args[k] = (struct lookup_thread){.run = run, .k = k};
-    for (uint64_t k = 1; k < n; k++) {
-        const int err = pthread_create(&ids[k], NULL, lookups, &args[k]);
-        if (err != 0) {
-            fprintf(stderr, "dlrm: pthread_create failed: %s\n", strerror(err));
-            exit(1);
-        }
-    }
-    lookups(&args[0]);
-    for (uint64_t k = 1; k < n; k++)
-        pthread_join(ids[k], NULL);
-    if (n > 1)
-        pthread_barrier_destroy(&run->barrier);
-    free(args);
-    free(ids);
 }
 
 /* Batch b recomputed from scratch, element by element, with the kernel's order of additions. */
@@ -297,7 +258,7 @@ int main(int argc, char **argv)
     struct lookup_run run = {.m = &m, .batches = opt.batches, .threads = opt.threads, .indices = indices,
                              .out = out, .digests = digests};
     wl_roi_begin(&opt.common);
-    run_lookups(&run);
+    wl_run_threads(run.threads, lookups, &run, &run.barrier);
     wl_roi_end(&opt.common, &digests[0], sizeof digests[0]);
 
     uint32_t *check_indices = wl_alloc(per_batch * sizeof(uint32_t));

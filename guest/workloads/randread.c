@@ -27,7 +27,6 @@
  */
 #include "common.h"
 
-#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -117,38 +116,10 @@ static void task(unsigned t, void *arg)
     run->sums[t] = sum;
 }
 
-struct thread_arg {
-    unsigned t;
-    struct run *run;
-};
-
-static void *thread_main(void *arg)
+/* Task k's reads in thread k (--threads). */
+static void thread_task(uint64_t k, void *run)
 {
-    const struct thread_arg *a = arg;
-    task(a->t, a->run);
-    return NULL;
-}
-
-/* The ROI's reads in --threads POSIX threads, task t in thread t. */
-static void run_threads(struct run *run)
-{
-    const uint64_t n = run->opt->threads;
-    pthread_t *ids = calloc(n, sizeof *ids);
-    struct thread_arg *args = calloc(n, sizeof *args);
-    if (ids == NULL || args == NULL)
-        wl_fail("calloc", n * (sizeof *ids + sizeof *args));
-    for (uint64_t t = 0; t < n; t++) {
-        args[t] = (struct thread_arg){.t = (unsigned)t, .run = run};
-        const int err = pthread_create(&ids[t], NULL, thread_main, &args[t]);
-        if (err != 0) {
-            fprintf(stderr, "randread: pthread_create failed: %s\n", strerror(err));
-            exit(1);
-        }
-    }
-    for (uint64_t t = 0; t < n; t++)
-        pthread_join(ids[t], NULL);
-    free(args);
-    free(ids);
+    task((unsigned)k, run);
 }
 
 static int compare_u64(const void *a, const void *b)
@@ -280,7 +251,7 @@ int main(int argc, char **argv)
     cxlssd_settle(60000);
     wl_roi_begin(&opt.common);
     if (opt.threads > 1)
-        run_threads(&run);
+        wl_run_threads(opt.threads, thread_task, &run, NULL);
     else if (cxlssd_tasks_run((unsigned)opt.tasks, task, &run) != 0)
         wl_fail("cxlssd_tasks_run", opt.tasks);
     wl_roi_end(&opt.common, &data[0], sizeof data[0]);

@@ -23,8 +23,6 @@
  */
 #include "common.h"
 
-#include <pthread.h>
-
 #define DEFAULT_SIDE 512u
 #define DEFAULT_ITERATIONS 10u
 #define DEFAULT_LAMBDA 0.5
@@ -145,31 +143,26 @@ struct srad_run {
     pthread_barrier_t barrier; /* with threads > 1 */
 };
 
-struct srad_thread {
-    struct srad_run *run;
-    uint64_t k; /* rows [k * H / N, (k + 1) * H / N) */
-};
-
 static inline void srad_barrier(struct srad_run *run)
 {
     if (run->threads > 1)
         pthread_barrier_wait(&run->barrier);
 }
 
-/* This thread's rows of every iteration; thread 0 also takes the statistic. The barriers
+/* Thread k's rows [k * H / N, (k + 1) * H / N) of every iteration; thread 0 also takes the
+ * statistic. The barriers
  * order the passes as one thread would: pass 1 reads J's neighbouring rows, pass 2 the
  * south neighbour's coefficient. */
-__attribute__((noinline)) static void *srad(void *arg)
+__attribute__((noinline)) static void srad(uint64_t k, void *shared)
 {
-    const struct srad_thread *me = arg;
-    struct srad_run *run = me->run;
+    struct srad_run *run = shared;
     const struct image *im = run->im;
     const uint64_t rows = im->rows, cols = im->cols;
-    const uint64_t first = me->k * rows / run->threads, end = (me->k + 1) * rows / run->threads;
+    const uint64_t first = k * rows / run->threads, end = (k + 1) * rows / run->threads;
     float *const J = im->J, *const coeff = im->c;
     float *const dn = im->d[NORTH], *const ds = im->d[SOUTH], *const dw = im->d[WEST], *const de = im->d[EAST];
     for (uint64_t it = 0; it < run->iterations; it++) {
-        if (me->k == 0)
+        if (k == 0)
             run->q0sqr_log[it] = statistic(J, rows, cols);
         srad_barrier(run);
         const float q0sqr = run->q0sqr_log[it];
@@ -196,35 +189,6 @@ __attribute__((noinline)) static void *srad(void *arg)
         }
         srad_barrier(run); /* the next statistic and pass 1 read J */
     }
-    return NULL;
-}
-
-/* The ROI: the iterations in run->threads threads (the calling one is thread 0). */
-static void run_srad(struct srad_run *run)
-{
-    const uint64_t n = run->threads;
-    pthread_t *ids = calloc(n, sizeof *ids);
-    struct srad_thread *args = calloc(n, sizeof *args);
-    if (ids == NULL || args == NULL || (n > 1 && pthread_barrier_init(&run->barrier, NULL, (unsigned)n) != 0)) {
-        fprintf(stderr, "srad: cannot set up %" PRIu64 " threads\n", n);
-        exit(1);
-    }
-    for (uint64_t k = 0; k < n; k++)
-        args[k] = (struct srad_thread){.run = run, .k = k};
-    for (uint64_t k = 1; k < n; k++) {
-        const int err = pthread_create(&ids[k], NULL, srad, &args[k]);
-        if (err != 0) {
-            fprintf(stderr, "srad: pthread_create failed: %s\n", strerror(err));
-            exit(1);
-        }
-    }
-    srad(&args[0]);
-    for (uint64_t k = 1; k < n; k++)
-        pthread_join(ids[k], NULL);
-    if (n > 1)
-        pthread_barrier_destroy(&run->barrier);
-    free(args);
-    free(ids);
 }
 
 /* ---- the check ------------------------------------------------------------------------- */
@@ -316,7 +280,7 @@ int main(int argc, char **argv)
     struct srad_run run = {.im = &im, .iterations = opt.iterations, .threads = opt.threads,
                            .lambda = (float)opt.lambda, .q0sqr_log = q0sqr_log};
     wl_roi_begin(&opt.common);
-    run_srad(&run);
+    wl_run_threads(run.threads, srad, &run, &run.barrier);
     wl_roi_end(&opt.common, &im.J[0], sizeof im.J[0]);
 
     bool finite = true;
