@@ -222,7 +222,7 @@ static int run_skid(uint64_t bytes, size_t samples, uint64_t spin_iterations, ui
     return 0;
 }
 
-/* ---- switch: what a switch costs (the helper's park_ns experiment) ---------------- */
+/* ---- switch: what the helper's switch costs (a second thread spins meanwhile) ------------ */
 
 struct gap {
     uint64_t from, to;
