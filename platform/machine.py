@@ -311,18 +311,17 @@ class Platform(Lifecycle):
         pass_fds = self.pass_fds
         if self.plugin:
             # Paths go into QEMU's comma-separated plugin options: the runtime root has no commas.
+            cache_map = rundir / "plugin.cachemap" if self.kernel_helper else None
             self._plugin_files = PluginFiles(
                 rundir / "plugin.counters", rundir / "plugin.ring", rundir / "plugin.pv",
-                self.log_dir / "plugin.json",
-                cache_map=rundir / "plugin.cachemap" if self.kernel_helper else None,
+                self.log_dir / "plugin.json", cache_map=cache_map,
             )
             create_page(self._plugin_files.pv)
             doorbell_fd = None
-            if self.kernel_helper:
+            if cache_map is not None:
                 # The plugin rings vector 0 on a long-delay answer (docs/host-os.md): QEMU
                 # inherits its eventfd, the plugin is told its number.
-                assert self._plugin_files.cache_map is not None
-                create_cache_map(self._plugin_files.cache_map, self.config.cxl_total_bytes)
+                create_cache_map(cache_map, self.config.cxl_total_bytes)
                 self.doorbell = DoorbellServer(rundir / "doorbell.sock")
                 self.doorbell.start()
                 doorbell_fd = self.doorbell.eventfd()
