@@ -410,6 +410,10 @@ static void ring_publish(struct cxlssd_request *rec, uint64_t time_ps, uint64_t 
  * guest kernel helper then takes it at the next block boundary (measured: the interrupt
  * entry, or one translation block later) and parks the thread. */
 #define DOORBELL_TIMEOUT_NS 100000000ULL
+/* QEMU's main loop reads the eventfd, then raises the MSI-X interrupt: a vCPU let go
+ * at once can start the next translation block before the interrupt is pending, and
+ * the kernel reacts a block late. Held this much longer, it (nearly) never is. */
+#define DOORBELL_GRACE_NS 20000ULL
 static int doorbell_fd = -1;
 static uint64_t doorbell_rings, doorbell_timeouts, doorbell_wait_ns, doorbell_max_wait_ns;
 static const struct cxlssd_pv_header *pv_header;
@@ -685,6 +689,9 @@ static void ring_doorbell(void)
             }
             break;
         }
+        __builtin_ia32_pause();
+    }
+    for (uint64_t taken = now_ns(); now_ns() - taken < DOORBELL_GRACE_NS;) {
         __builtin_ia32_pause();
     }
     uint64_t waited_ns = now_ns() - start; /* host time the vCPU was held (emulation cost, not a result) */

@@ -103,10 +103,15 @@ def test_after_a_gc_storm_ends_flash_reads_are_back_to_normal(default_platform: 
     results, normal = session.results, idle_flash_read_ns(session)
     r = roi(results)
     (start,), (end,) = knob_entries(results, "gc-storm-start"), knob_entries(results, "gc-storm-end")
-    print(f"GC storm: {start} -> {end}; ROI flash reads {flash_read_ns(r):.0f} ns (idle {normal} ns)")
+    print(f"GC storm: {start} -> {end}; ROI flash reads {flash_read_ns(r):.0f} ns (idle {normal} ns, "
+          f"queued {queued_ns(r):.0f} ns)")
     assert end["gc_stopped_at_ns"] - start["at_ns"] == 5_000_000 and end["blocks_collected"] >= 64
     assert r["begin_ns"] > end["at_ns"] and r["device"]["flash"]["gc_runs"] == 0
-    assert flash_read_ns(r) == pytest.approx(normal, rel=0.01)
+    # Back to an idle read, but for the queueing the model counts behind other traffic
+    # (a suite run, whose guest ran earlier tests, measured 3 245 ns against 3 158 idle;
+    # a run alone 3 158); during the storm it is > 5x.
+    assert flash_read_ns(r) == pytest.approx(normal + queued_ns(r), rel=0.01)
+    assert flash_read_ns(r) < 1.05 * normal
 
 
 @pytest.mark.guest
