@@ -70,7 +70,7 @@ struct cxlssd_request {
     uint16_t size;    /* bytes, 1..64, within one 64-byte line; 0 for a marker */
     uint8_t op;       /* CXLSSD_OP_* */
     uint8_t flags;    /* CXLSSD_FLAG_*, or the marker's command */
-    uint16_t thread;  /* the guest thread on its vCPU (0: not known; the plugin writes 0) */
+    uint16_t thread;  /* the guest thread on its vCPU: its pid (0: not known), from the pv slot */
 };
 
 /* ---- the request ring (ring=PATH) --------------------------------------------------- */
@@ -163,7 +163,7 @@ struct cxlssd_roi_event {
 
 /* ---- the paravirtual page (pv=PATH; the guest's ivshmem BAR) ------------------------ */
 #define CXLSSD_PV_MAGIC 0x56504453534c5843ULL /* "CXLSSDPV" */
-#define CXLSSD_PV_VERSION 2u
+#define CXLSSD_PV_VERSION 3u
 #define CXLSSD_PV_BYTES 4096u /* the page (the smallest the plugin takes) */
 #define CXLSSD_PV_HEADER_BYTES 64u
 #define CXLSSD_PV_SLOT_BYTES 64u
@@ -189,7 +189,8 @@ struct cxlssd_pv_header {
 struct cxlssd_pv_slot {
     uint64_t clock_ns, seq; /* the last clock read: the clock first, seq last */
     uint64_t query_ready_ns, query_long, query_ticket; /* the last long-delay query, ticket last */
-    uint64_t arg0, arg1, reserved;
+    uint64_t arg0, arg1;
+    uint64_t thread; /* the guest thread on the vCPU (its pid; 0: not known), the kernel helper's */
 };
 
 struct cxlssd_pv_mailbox {

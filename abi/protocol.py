@@ -256,7 +256,7 @@ ROI_EVENT_DTYPE = np.dtype(
 # ---- the paravirtual page (plugin pv=PATH; the guest's ivshmem BAR) ----------------------
 
 PV_MAGIC = _magic(b"CXLSSDPV")
-PV_VERSION = 2
+PV_VERSION = 3
 PV_BYTES = 4096
 PV_HEADER_BYTES = 64
 PV_SLOT_BYTES = 64
@@ -286,7 +286,7 @@ PV_HEADER_DTYPE = np.dtype(
     ]
 )
 #: struct cxlssd_pv_slot: a clock answer (clock first, seq last), a query answer (ticket
-#: last), the guest's arguments of a marker
+#: last), the guest's arguments of a marker, the thread running on the vCPU
 PV_SLOT_DTYPE = np.dtype(
     [
         (name, "<u8")
@@ -298,7 +298,7 @@ PV_SLOT_DTYPE = np.dtype(
             "query_ticket",
             "arg0",
             "arg1",
-            "reserved",
+            "thread",  # the guest thread on the vCPU (its pid; 0: not known), the kernel helper's
         )
     ]
 )

@@ -34,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, help="write the results (with the full profile) as JSON")
     p.add_argument("--no-vectorize", action="store_true",
                    help="serve every request on the per-request path (slower; same answers)")
+    p.add_argument("--as-threads", action="store_true",
+                   help="a live run's trace: schedule its guest threads by the design's thread model "
+                        "instead of replaying the guest's own switches (docs/firmware.md)")
     p.set_defaults(handler=cmd_replay)
 
     trace = subparsers.add_parser("trace", help="make or inspect request traces")
@@ -116,7 +119,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise InputError(f"trace {args.trace} does not exist; make one with `cxlssd trace synth`")
     if args.out:
         check_writable_output(args.out, "results")  # before the replay, not after it
-    result = replay_file(args.trace, profile, vectorize=not args.no_vectorize)
+    result = replay_file(args.trace, profile, vectorize=not args.no_vectorize, as_threads=args.as_threads)
     for line in summary_lines(result):
         print(line)
     if args.out:

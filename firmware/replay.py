@@ -13,12 +13,14 @@ from typing import Any
 
 import numpy as np
 
+from cxlssd.errors import InputError
+from cxlssd.firmware.context_switch import NeverSwitch
 from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.live_switching import LiveContextSwitch, guest_driven
 from cxlssd.firmware.profile import Profile, load_profile
 from cxlssd.firmware.stream import StreamServer
 from cxlssd.firmware.synth import SynthSpec, generate, synthesize
-from cxlssd.firmware.threads import ThreadedReplay
+from cxlssd.firmware.threads import ThreadedReplay, guest_threads
 from cxlssd.firmware.trace import TraceReader
 
 
@@ -40,12 +42,41 @@ def replay_threads(profile: Profile, requests: np.ndarray, vectorize: bool = Tru
     return threaded.summary()
 
 
+def replay_guest_threads(profile: Profile, requests: np.ndarray, vectorize: bool = True) -> dict[str, Any]:
+    """Replay a live run's trace with its guest threads scheduled by ``profile``'s
+    thread model (:func:`.threads.guest_threads`): the set-up as the guest issued it,
+    then the first ROI's threads; ``rois`` has that ROI's modelled time."""
+    setup, roi_requests, roi = guest_threads(requests)
+    # The set-up on the batch path (one thread: nothing to switch to, so no switching);
+    # then the thread model keeps the clocks (issue timebase) from where it ended.
+    controller = Controller.from_profile(profile, timebase="compute", vectorize=vectorize)
+    policy, controller.context_switch = controller.context_switch, NeverSwitch()
+    controller.process(setup)
+    begin_ns = max((int(setup["time_ns"][setup["vcpu"] == v][-1]) + controller.vcpu_stall_ns(v)
+                    for v in np.unique(setup["vcpu"]).tolist()), default=0)
+    controller.context_switch, controller.compute_timebase = policy, False
+    threaded = ThreadedReplay(controller, profile["context_switch.scheduler"])
+    end_ns = max(threaded.run(roi_requests, start_ns=begin_ns).values(), default=begin_ns)
+    result = threaded.summary()
+    result["rois"] = [{"roi": roi, "begin_ns": begin_ns, "end_ns": end_ns, "modelled_ns": end_ns - begin_ns,
+                       "threads": int(np.unique(roi_requests[["vcpu", "thread"]]).size)}]
+    return result
+
+
 def replay_file(
-    path: str | Path, profile: Profile, vectorize: bool = True
+    path: str | Path, profile: Profile, vectorize: bool = True, as_threads: bool = False
 ) -> dict[str, Any]:
-    """Replay trace file ``path`` on ``profile``; the result includes the full profile."""
+    """Replay trace file ``path`` on ``profile``; the result includes the full profile.
+    ``as_threads``: a live run's trace through the thread model, its guest threads
+    scheduled by the replayed design (:func:`.threads.guest_threads`), instead of as
+    the guest ran it."""
     reader = TraceReader(path)
-    if not reader.metadata.get("guest_driven") and int(reader.metadata.get("threads", 1)) > 1:
+    if as_threads:
+        if not reader.metadata.get("guest_driven"):
+            raise InputError(f"{path} is not a live run's trace (`cxlssd live --record`): "
+                             "a synthetic trace's threads are replayed as threads without asking")
+        result = replay_guest_threads(profile, reader.read_all(), vectorize)
+    elif not reader.metadata.get("guest_driven") and int(reader.metadata.get("threads", 1)) > 1:
         result = replay_threads(profile, reader.read_all(), vectorize)
     else:
         controller = Controller.from_profile(profile, timebase=reader.timebase, vectorize=vectorize)
@@ -96,6 +127,10 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
             f"merge reads), {w['full_stalls']} full stalls"
         )
     for roi in result.get("rois", []):
+        if "threads" in roi:  # replay_guest_threads's
+            lines.append(f"ROI {roi['roi']} ({roi['threads']} guest threads, scheduled by the design): "
+                         f"{roi['modelled_ns'] / 1e6:.3f} ms modelled")
+            continue
         model = roi["device"]["model"]
         lines.append(
             f"ROI {roi['roi']} (vCPU {roi['vcpu']}): {roi['modelled_ns'] / 1e6:.3f} ms modelled "

@@ -31,7 +31,7 @@ import numpy as np
 
 from cxlssd.errors import InputError
 from cxlssd.firmware.controller import Controller
-from cxlssd.firmware.request import FLAG_POSTED, Op
+from cxlssd.firmware.request import FLAG_HOST, FLAG_POSTED, FLAG_QUERY, MarkerCmd, Op
 from cxlssd.firmware.stream import PERCENTILES, LatencyHistogram
 
 SCHEDULERS = ("round-robin", "earliest-ready")
@@ -66,6 +66,42 @@ class _Thread:
         return self.pos >= len(self.records) and not self.reissue
 
 
+def guest_threads(requests: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """A live run's recorded stream (compute timebase: ``time_ns`` is its vCPU's
+    compute clock, ``thread`` the guest thread the kernel helper noted) as the thread
+    model's input. Returns the device reads and writes before the first ROI begins
+    (the set-up), those of that ROI with each ``time_ns`` now
+    its thread's own compute clock, and the ROI's id (-1: no ROI, all of it is the
+    ROI's). The work between two requests of a vCPU is the thread's whose request
+    ends it (the guest ran it); what the live run's guest did besides (its switches,
+    promotions, misses served by host DRAM) is left to the replayed design."""
+    markers = np.flatnonzero((requests["op"] == Op.MARKER) & (requests["flags"] == MarkerCmd.ROI_BEGIN))
+    begin, end, roi = 0, len(requests), -1
+    if markers.size:
+        begin = int(markers[0])
+        roi = int(requests["addr"][begin]) & 0xFFFF
+        ends = np.flatnonzero((requests["op"] == Op.MARKER) & (requests["flags"] == MarkerCmd.ROI_END)
+                              & (requests["addr"] & 0xFFFF == roi))
+        ends = ends[ends > begin]
+        end = int(ends[0]) if ends.size else end
+    setup, part = _device_requests(requests[:begin]), _device_requests(requests[begin:end])
+    for vcpu in np.unique(part["vcpu"]).tolist():
+        mine = np.flatnonzero(part["vcpu"] == vcpu)
+        work = np.diff(part["time_ns"][mine].astype(np.int64), prepend=0)
+        for thread in np.unique(part["thread"][mine]).tolist():
+            own = part["thread"][mine] == thread
+            part["time_ns"][mine[own]] = np.cumsum(work[own])
+    return setup, part, roi
+
+
+def _device_requests(requests: np.ndarray) -> np.ndarray:
+    """The reads and writes the device served (not the misses host DRAM served), without
+    the live run's queries (the replayed design asks for itself); a copy."""
+    rw = requests[(requests["op"] <= Op.WRITE) & (requests["flags"] & FLAG_HOST == 0)].copy()
+    rw["flags"] &= ~np.uint8(FLAG_QUERY)
+    return rw
+
+
 class ThreadedReplay:
     """Run a trace's threads on their vCPUs through ``controller`` (issue timebase)."""
 
@@ -81,9 +117,9 @@ class ThreadedReplay:
         self.vcpu_clock_ns: dict[int, int] = {}
         self.histogram = LatencyHistogram()
 
-    def run(self, requests: np.ndarray) -> dict[int, int]:
-        """Serve every read/write record of ``requests``; returns each vCPU's final
-        modelled clock (ns)."""
+    def run(self, requests: np.ndarray, start_ns: int = 0) -> dict[int, int]:
+        """Serve every read/write record of ``requests``, the vCPUs starting at
+        ``start_ns``; returns each vCPU's final modelled clock (ns)."""
         rw = requests[requests["op"] <= Op.WRITE]
         self.controller.check_requests(rw)
         serve = self.controller.serve_one
@@ -93,7 +129,7 @@ class ThreadedReplay:
             threads[vcpu] = [_Thread(mine[mine["thread"] == t]) for t in np.unique(mine["thread"]).tolist()]
         current = dict.fromkeys(threads, 0)
         clock = dict.fromkeys(threads, 0)
-        queue = [(0, vcpu) for vcpu in threads]
+        queue = [(start_ns, vcpu) for vcpu in threads]
         heapq.heapify(queue)
         latencies: list[int] = []
         while queue:

@@ -17,6 +17,10 @@
  * a device read of a user thread and holds the vCPU until QEMU took the ring; the handler
  * parks the interrupted thread if another can run (park_current: SWITCH, yield, RESUME).
  *
+ * Threads in the request stream: a probe on the sched_switch tracepoint writes the pid of
+ * the task a CPU switches to into its vCPU's pv slot (`thread`); the plugin tags every
+ * device request with it, so a recorded trace carries the guest thread.
+ *
  * While /dev/cxlssd_helper is open, each reaction is an event (guest TSC, ticket, source,
  * CPU) that the reader gets (read blocks until one is there; poll works): the skid probe
  * matches events to its own accesses. Under -icount the TSC counts instructions, so TSC
@@ -44,6 +48,7 @@
 #include <linux/slab.h>
 #include <linux/spinlock.h>
 #include <linux/task_work.h>
+#include <linux/tracepoint.h>
 #include <linux/uaccess.h>
 #include <linux/wait.h>
 #include <asm/irq_regs.h>
@@ -442,6 +447,72 @@ static struct miscdevice helper_misc = {
 	.mode = 0600,
 };
 
+/* ---- the running thread, for the request stream ------------------------------------- */
+
+static struct tracepoint *sched_switch_tp; /* registered with note_switch, or NULL */
+
+static void note_thread(struct task_struct *task)
+{
+	struct cxlssd_pv_slot *slot = pv_slot(smp_processor_id());
+
+	if (slot)
+		WRITE_ONCE(slot->thread, task->pid);
+}
+
+/* sched_switch's probe (TP_PROTO of include/trace/events/sched.h) */
+static void note_switch(void *data, bool preempt, struct task_struct *prev, struct task_struct *next,
+			unsigned int prev_state)
+{
+	note_thread(next);
+}
+
+static void note_current(void *unused)
+{
+	note_thread(current);
+}
+
+static void forget_thread(void *unused)
+{
+	struct cxlssd_pv_slot *slot = pv_slot(smp_processor_id());
+
+	if (slot)
+		WRITE_ONCE(slot->thread, 0);
+}
+
+/* The kernel does not export the tracepoint itself to modules, only the lookup. */
+static void find_sched_switch(struct tracepoint *tp, void *found)
+{
+	if (!strcmp(tp->name, "sched_switch"))
+		*(struct tracepoint **)found = tp;
+}
+
+static void start_thread_notes(void)
+{
+	struct tracepoint *tp = NULL;
+	int err;
+
+	if (!helper.pv)
+		return;
+	for_each_kernel_tracepoint(find_sched_switch, &tp);
+	err = tp ? tracepoint_probe_register(tp, (void *)note_switch, NULL) : -ENOENT;
+	if (err) {
+		pr_warn("no sched_switch tracepoint (%d): requests carry no thread\n", err);
+		return;
+	}
+	sched_switch_tp = tp;
+	on_each_cpu(note_current, NULL, 1);
+}
+
+static void stop_thread_notes(void)
+{
+	if (!sched_switch_tp)
+		return;
+	tracepoint_probe_unregister(sched_switch_tp, (void *)note_switch, NULL);
+	tracepoint_synchronize_unregister();
+	sched_switch_tp = NULL;
+	on_each_cpu(forget_thread, NULL, 1);
+}
+
 /* ---- load and unload ------------------------------------------------------------------ */
 
 static void release_pv(void)
@@ -480,14 +551,15 @@ static int __init helper_init(void)
 		pr_err("cannot register the ivshmem-doorbell driver (%d)\n", err);
 		goto misc;
 	}
+	start_thread_notes();
 	if (poll_ns) {
 		cpus_read_lock();
 		on_each_cpu(start_poll, NULL, 1);
 		cpus_read_unlock();
 	}
-	pr_info("loaded: pv page %s, poll every %lu ns%s, doorbell %s\n",
+	pr_info("loaded: pv page %s, poll every %lu ns%s, doorbell %s, threads %s\n",
 		helper.pv ? "found" : "absent", poll_ns, poll_ns ? "" : " (off)",
-		helper.doorbell ? pci_name(helper.doorbell) : "absent");
+		helper.doorbell ? pci_name(helper.doorbell) : "absent", sched_switch_tp ? "noted" : "not noted");
 	return 0;
 misc:
 	misc_deregister(&helper_misc);
@@ -499,6 +571,7 @@ pv:
 static void __exit helper_exit(void)
 {
 	stop_polls();
+	stop_thread_notes();
 	pci_unregister_driver(&doorbell_driver);
 	spin_lock_irq(&helper.lock);
 	helper.stopping = true;

@@ -396,7 +396,8 @@ static void ring_publish(struct cxlssd_request *rec, uint64_t time_ps, uint64_t 
     rec->size = size;
     rec->op = op;
     rec->flags = flags;
-    rec->thread = 0;
+    /* the kernel helper's word: the pid fits (the guest's pid_max is 32 768 up to 32 vCPUs) */
+    rec->thread = vcpu < P.n_pv ? (uint16_t)LOAD_RELAXED(&P.pv[vcpu].thread) : 0;
     P.ring_head++;
     __atomic_store_n(&P.ring->head, P.ring_head, __ATOMIC_RELEASE);
 }

@@ -6,10 +6,16 @@ the mechanism and the measured numbers."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from cxlssd.firmware.profile import load_profile
+from cxlssd.firmware.replay import replay_guest_threads
+from cxlssd.firmware.threads import guest_threads
+from cxlssd.firmware.trace import TraceReader
 from cxlssd.host_os.kmod.load import helper_stats
 from cxlssd.platform.machine import Platform
 
@@ -21,25 +27,31 @@ SSD = ("ssd_dram.size_bytes=16MiB", "write_log.size_bytes=2MiB")
 READS = ("--footprint", "64M", "--reads", "6000", "--write-share", "0.1")
 
 
-def run(platform: Platform, design: str, threads: int, args: tuple[str, ...] = READS) -> dict[str, Any]:
+def run(platform: Platform, design: str, threads: int, args: tuple[str, ...] = READS,
+        record: Path | None = None) -> dict[str, Any]:
     """The ROI's results of randread in ``threads`` threads under ``design`` (self-checked),
-    with the program's report under ``report``."""
-    with platform.attach(design, SSD) as session:
+    with the program's report under ``report`` and the session's overrides."""
+    with platform.attach(design, SSD, record=record) as session:
         _, out, _ = session.run(["randread", *args, "--threads", str(threads)], check=True)
     report = json.loads(out)
     assert report["check_ok"] and report["mismatches"] == 0, report
     (roi,) = session.results["rois"]
-    return {**roi, "report": report}
+    return {**roi, "report": report, "overrides": session.overrides}
 
 
 @pytest.fixture(scope="module")
-def runs(default_platform: Platform) -> dict[tuple[str, int], dict[str, Any]]:
-    return {(design, threads): run(default_platform, design, threads)
-            for design in ("skybyte-c", "base-cssd") for threads in (3, 1)}
+def runs(default_platform: Platform, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], Any]:
+    """Each design with 3 threads and 1; base-cssd's 3-thread run recorded (key "trace")."""
+    trace = tmp_path_factory.mktemp("threads") / "base-cssd-3.trace"
+    found: dict[tuple[str, int], Any] = {
+        (design, threads): run(default_platform, design, threads,
+                               record=trace if (design, threads) == ("base-cssd", 3) else None)
+        for design in ("skybyte-c", "base-cssd") for threads in (3, 1)}
+    return {**found, ("trace", 3): trace}
 
 
 def test_the_runtimes_tasks_in_the_same_shape_for_comparison(
-    runs: dict[tuple[str, int], dict[str, Any]], default_platform: Platform,
+    runs: dict[tuple[str, int], Any], default_platform: Platform,
 ) -> None:
     """The cooperative trigger (three tasks of the guest runtime on one thread) in the same
     shape: both switch, the accounting is one model (docs/host-os.md compares them)."""
@@ -55,7 +67,7 @@ def test_the_runtimes_tasks_in_the_same_shape_for_comparison(
 
 
 def test_three_threads_on_one_vcpu_gain_from_kernel_switching(
-    runs: dict[tuple[str, int], dict[str, Any]], default_platform: Platform,
+    runs: dict[tuple[str, int], Any], default_platform: Platform,
 ) -> None:
     c3, base3 = runs["skybyte-c", 3], runs["base-cssd", 3]
     os = c3["device"]["os"]
@@ -71,7 +83,7 @@ def test_three_threads_on_one_vcpu_gain_from_kernel_switching(
     assert stats["switching"] == 1 and stats["parks"] >= os["kernel_switches"]
 
 
-def test_one_thread_has_nothing_to_switch_to(runs: dict[tuple[str, int], dict[str, Any]]) -> None:
+def test_one_thread_has_nothing_to_switch_to(runs: dict[tuple[str, int], Any]) -> None:
     c1, base1 = runs["skybyte-c", 1], runs["base-cssd", 1]
     os = c1["device"]["os"]
     print(f"1 thread: skybyte-c {c1['modelled_ns'] / 1e6:.3f} ms, "
@@ -94,3 +106,23 @@ def test_switches_and_promotions_together_keep_every_word(default_platform: Plat
           f"hot pages on node 0: {report['hot_pages_on_node0']}; writes {report['writes']}")
     assert os["kernel_switches"] > 500 and report["writes"] > 2000
     assert report["hot_pages_on_node0"] > 0
+
+
+def test_the_recorded_run_carries_its_threads_and_replays_with_them(runs: dict[tuple[str, int], Any]) -> None:
+    """The kernel helper notes the thread on every context switch, the plugin tags each
+    request with it: base-cssd's recorded 3-thread run replays with its threads, and the
+    thread model gives C a gain as the live run does (issue 14, item 5)."""
+    live = runs["base-cssd", 3]
+    stream = TraceReader(runs["trace", 3]).read_all()
+    _, part, roi = guest_threads(stream)
+    threads, counts = np.unique(part["thread"], return_counts=True)
+    busy = threads[counts >= 0.2 * len(part)]
+    print(f"ROI {roi}: {len(part)} device requests, by thread {threads.tolist()}: {counts.tolist()}")
+    assert roi == live["roi"] and len(busy) == 3 and 0 not in busy  # the program's threads, by pid
+    replayed = {design: replay_guest_threads(load_profile(design, live["overrides"]), stream)["rois"][0]
+                for design in ("base-cssd", "skybyte-c")}
+    base, c = replayed["base-cssd"]["modelled_ns"], replayed["skybyte-c"]["modelled_ns"]
+    live_c = runs["skybyte-c", 3]["modelled_ns"]
+    print(f"replayed with its threads: base-cssd {base / 1e6:.3f} ms (live {live['modelled_ns'] / 1e6:.3f}), "
+          f"skybyte-c {c / 1e6:.3f} ms ({base / c:.2f}x; live {live_c / 1e6:.3f})")
+    assert base == pytest.approx(live["modelled_ns"], rel=0.15) and base / c >= 1.3
