@@ -11,6 +11,9 @@
  *
  * ROI --roi (1) is the kernel:
  *   --kernel bfs: level-synchronous top-down BFS from the biggest hub, a level per vertex;
+ *                 with --threads T, T POSIX threads share each level's frontier, claim a
+ *                 vertex by compare-and-swap of its level and meet at a barrier per level
+ *                 (the same levels);
  *   --kernel bc:  Brandes' betweenness centrality from --sources K sources (a scrambled
  *                 pick), forward BFS counting shortest paths, backward accumulation of
  *                 dependencies (pull from successors), scores summed over the sources.
@@ -27,20 +30,22 @@ static const char *const KERNELS[] = {"bfs", "bc", NULL};
 #define DEFAULT_SOURCES 4u
 #define MAX_VERTICES (1ull << 31)
 #define MIN_VERTICES 2u
+#define MAX_THREADS 256u
 #define REL_TOLERANCE 1e-9
 
 static const char USAGE[] =
     "usage: graph [--kernel bfs|bc] [--vertices N | --footprint BYTES] [--degree D]\n"
-    "             [--sources K] [--seed S] [--roi ID]\n"
+    "             [--sources K] [--threads T] [--seed S] [--roi ID]\n"
     "  --kernel      bfs (level-synchronous BFS) or bc (Brandes betweenness), default bfs\n"
     "  --vertices    vertices of the graph (default 65536)\n"
     "  --footprint   pick the vertices so that the data (graph and kernel state) fits BYTES\n"
     "  --degree      mean degree: N*D/2 edges are generated (default 16)\n"
-    "  --sources     bc: source vertices (default 4)\n" WL_COMMON_USAGE;
+    "  --sources     bc: source vertices (default 4)\n"
+    "  --threads     bfs: POSIX threads sharing each level (default 1)\n" WL_COMMON_USAGE;
 
 struct options {
     unsigned kernel; /* enum kernel */
-    uint64_t vertices, degree, sources;
+    uint64_t vertices, degree, sources, threads;
     struct wl_common common;
 };
 
@@ -67,18 +72,21 @@ static uint64_t fixed_bytes(const struct options *opt)
 static struct options parse_options(int argc, char **argv)
 {
     struct options opt = {.vertices = DEFAULT_VERTICES, .degree = DEFAULT_DEGREE, .sources = DEFAULT_SOURCES,
-                          .common = WL_COMMON_DEFAULTS};
+                          .threads = 1, .common = WL_COMMON_DEFAULTS};
     struct wl_option options[] = {
         WL_CHOICE("kernel", &opt.kernel, KERNELS),
         WL_SIZED("vertices", &opt.vertices, MIN_VERTICES, MAX_VERTICES),
         WL_COUNT("degree", &opt.degree, 1, 1u << 16),
         WL_COUNT("sources", &opt.sources, 1, MAX_VERTICES),
+        WL_COUNT("threads", &opt.threads, 1, MAX_THREADS),
         WL_END,
     };
     wl_parse(argc, argv, options, &opt.common);
     if (opt.common.footprint != 0)
         opt.vertices = wl_footprint_items(&opt.common, "vertices", bytes_per_vertex(&opt), fixed_bytes(&opt),
                                           MIN_VERTICES, MAX_VERTICES);
+    if (opt.kernel == KERNEL_BC && opt.threads > 1)
+        wl_usage_error("--threads %" PRIu64 " is for --kernel bfs (bc runs in one thread)", opt.threads);
     if (opt.kernel == KERNEL_BC && opt.sources > opt.vertices)
         wl_usage_error("--sources %" PRIu64 " is more than the %" PRIu64 " vertices", opt.sources, opt.vertices);
     return opt;
@@ -186,6 +194,8 @@ static struct wl_json report_graph(const struct options *opt, const struct graph
     wl_json_u64(&j, "degree", opt->degree);
     if (opt->kernel == KERNEL_BC)
         wl_json_u64(&j, "sources", opt->sources);
+    else
+        wl_json_u64(&j, "threads", opt->threads);
     wl_report_data(&j, &opt->common);
     wl_json_u64(&j, "edges", g->offsets[g->n] / 2);
     return j;
@@ -226,6 +236,53 @@ __attribute__((noinline)) static struct bfs_result bfs(const struct graph *g, ui
     return (struct bfs_result){.reached = tail, .levels = (uint64_t)depth, .edges_scanned = scanned};
 }
 
+struct bfs_run {
+    const struct graph *g;
+    int32_t *level;
+    uint32_t *queue;
+    uint64_t threads, tail, scanned; /* tail, scanned: atomic */
+    int32_t depth;
+    pthread_barrier_t barrier;
+};
+
+/* Thread k's share of bfs: a contiguous part of each level's frontier; a vertex goes to the
+ * thread whose compare-and-swap sets its level. Two barriers a level: every thread has
+ * finished the level before any reads where the next one ends, and has read it before any
+ * appends to it. */
+static void bfs_share(uint64_t k, void *shared)
+{
+    struct bfs_run *r = shared;
+    const uint64_t *const offsets = r->g->offsets;
+    const uint32_t *const adj = r->g->adj;
+    uint64_t head = 0, scanned = 0;
+    int32_t depth = 0;
+    for (;;) {
+        pthread_barrier_wait(&r->barrier);
+        const uint64_t level_end = __atomic_load_n(&r->tail, __ATOMIC_RELAXED), n = level_end - head;
+        pthread_barrier_wait(&r->barrier);
+        if (n == 0)
+            break;
+        for (uint64_t q = head + k * n / r->threads; q < head + (k + 1) * n / r->threads; q++) {
+            const uint32_t u = r->queue[q];
+            const uint64_t end = offsets[u + 1];
+            scanned += end - offsets[u];
+            for (uint64_t i = offsets[u]; i < end; i++) {
+                const uint32_t v = adj[i];
+                int32_t unreached = -1;
+                if (__atomic_load_n(&r->level[v], __ATOMIC_RELAXED) < 0 &&
+                    __atomic_compare_exchange_n(&r->level[v], &unreached, depth + 1, false, __ATOMIC_RELAXED,
+                                                __ATOMIC_RELAXED))
+                    r->queue[__atomic_fetch_add(&r->tail, 1, __ATOMIC_RELAXED)] = v;
+            }
+        }
+        head = level_end;
+        depth++;
+    }
+    __atomic_fetch_add(&r->scanned, scanned, __ATOMIC_RELAXED);
+    if (k == 0)
+        r->depth = depth;
+}
+
 static int run_bfs(const struct options *opt)
 {
     const struct graph g = build_graph(opt);
@@ -234,8 +291,18 @@ static int run_bfs(const struct options *opt)
     int32_t *level = unreached_levels(g.n);
     uint32_t *queue = wl_alloc(g.n * sizeof(uint32_t));
 
+    struct bfs_run run = {.g = &g, .level = level, .queue = queue, .threads = opt->threads, .tail = 1};
+
     wl_roi_begin(&opt->common);
-    const struct bfs_result result = bfs(&g, root, level, queue);
+    struct bfs_result result;
+    if (opt->threads > 1) {
+        level[root] = 0;
+        queue[0] = root;
+        wl_run_threads(opt->threads, bfs_share, &run, &run.barrier);
+        result = (struct bfs_result){.reached = run.tail, .levels = (uint64_t)run.depth, .edges_scanned = run.scanned};
+    } else {
+        result = bfs(&g, root, level, queue);
+    }
     wl_roi_end(&opt->common, &level[root], sizeof level[root]);
 
     uint64_t reached, checksum = 0;

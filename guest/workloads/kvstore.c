@@ -9,14 +9,20 @@
  * the records (--theta, default 0.99) whose ranks are scrambled over the key space, as
  * YCSB's scrambled zipfian does. A read looks the key up and reads the whole record,
  * verifying it; an update looks it up and overwrites the value with a new version. ROI
- * --roi (1) is the operations (not the load).
+ * --roi (1) is the operations (not the load). With --threads T, T POSIX threads share the
+ * operations, each with an operation sequence of its own (thread 0's is the one-thread
+ * sequence), a record read or written under its stripe's mutex (4096 stripes), as clients
+ * of a store do.
  *
  * Each value carries its version and a hash of key, version and value bytes. Self-check:
  * every read found its key with an intact value (checked as it is read), and the
  * versions the reads returned, hashed in order, equal those of a replay of the operation
  * sequence against a shadow array of versions, i.e. every read returned the value last
  * written for its key; after the run every record holds its last version, intact, and is
- * found through the index. One JSON line on stdout; exit 0, 1 if the check failed, 2 for
+ * found through the index. With threads, which version a read returns depends on how the
+ * threads interleave: every read must still find an intact value, and every record must
+ * end at the version all the threads' updates give it (the checksum hashes those). One
+ * JSON line on stdout; exit 0, 1 if the check failed, 2 for
  * a usage error.
  */
 #include "common.h"
@@ -27,6 +33,8 @@
 #define DEFAULT_THETA 0.99
 #define SLOTS_PER_RECORD 2u
 #define MAX_RECORDS (1ull << 32)
+#define MAX_THREADS 256u
+#define LOCK_STRIPES 4096u
 
 enum mix { MIX_A, MIX_B, MIX_C };
 static const char *const MIXES[] = {"a", "b", "c", NULL};
@@ -50,15 +58,16 @@ _Static_assert(sizeof(struct record) == 128, "a record is two cache lines");
 
 static const char USAGE[] =
     "usage: kvstore [--records N | --footprint BYTES] [--ops M] [--mix a|b|c] [--theta T]\n"
-    "               [--seed S] [--roi ID]\n"
+    "               [--threads T] [--seed S] [--roi ID]\n"
     "  --records     records of a 64-bit key and a 100-byte value (default 100000)\n"
     "  --footprint   pick the records so that records and index (160 bytes a record) fit BYTES\n"
     "  --ops         operations in the measured phase (default 200000)\n"
     "  --mix         YCSB mix: a = 50% reads / 50% updates, b = 95/5, c = 100/0 (default a)\n"
-    "  --theta       zipfian constant, 0 < T < 1 (default 0.99)\n" WL_COMMON_USAGE;
+    "  --theta       zipfian constant, 0 < T < 1 (default 0.99)\n"
+    "  --threads     POSIX threads sharing the operations, each its own sequence (default 1)\n" WL_COMMON_USAGE;
 
 struct options {
-    uint64_t records, ops;
+    uint64_t records, ops, threads;
     unsigned mix; /* enum mix */
     double theta;
     struct wl_common common;
@@ -66,13 +75,14 @@ struct options {
 
 static struct options parse_options(int argc, char **argv)
 {
-    struct options opt = {.records = DEFAULT_RECORDS, .ops = DEFAULT_OPS, .theta = DEFAULT_THETA,
+    struct options opt = {.records = DEFAULT_RECORDS, .ops = DEFAULT_OPS, .threads = 1, .theta = DEFAULT_THETA,
                           .common = WL_COMMON_DEFAULTS};
     struct wl_option options[] = {
         WL_SIZED("records", &opt.records, 1, MAX_RECORDS),
         WL_SIZE("ops", &opt.ops, 0, UINT64_MAX),
         WL_CHOICE("mix", &opt.mix, MIXES),
         WL_REAL("theta", &opt.theta, 0, 1),
+        WL_COUNT("threads", &opt.threads, 1, MAX_THREADS),
         WL_END,
     };
     wl_parse(argc, argv, options, &opt.common);
@@ -87,7 +97,10 @@ struct store {
     struct record *records;
     struct slot *slots;
     uint64_t capacity; /* slots */
+    bool locked;       /* more than one thread: a record under its stripe's mutex */
 };
+
+static pthread_mutex_t stripes[LOCK_STRIPES];
 
 static uint64_t home_slot(const struct store *s, uint64_t key)
 {
@@ -192,9 +205,10 @@ struct ops {
     struct wl_scramble items; /* rank -> item */
 };
 
-static struct ops ops_start(const struct options *opt, uint64_t salt)
+/* Thread k's sequence (streams 2, 4, 6, ...: 1 and 3 are the salt and the scramble). */
+static struct ops ops_start(const struct options *opt, uint64_t salt, uint64_t k)
 {
-    return (struct ops){.state = wl_stream(opt->common.seed, 2),
+    return (struct ops){.state = wl_stream(opt->common.seed, 2 + 2 * k),
                         .salt = salt,
                         .read_percent = READ_PERCENT[opt->mix],
                         .zipf = wl_zipf_make(opt->records, opt->theta),
@@ -205,6 +219,12 @@ static inline uint64_t next_op(struct ops *o, bool *read)
 {
     *read = wl_below(&o->state, 100) < o->read_percent;
     return wl_scramble(&o->items, wl_zipf_next(&o->zipf, &o->state));
+}
+
+/* Thread k's share of the operations. */
+static uint64_t ops_of(const struct options *opt, uint64_t k)
+{
+    return opt->ops / opt->threads + (k < opt->ops % opt->threads);
 }
 
 /* What the reads returned, in order. */
@@ -228,6 +248,9 @@ __attribute__((noinline)) static struct run run_ops(struct store *s, struct ops 
             run.failures++;
             continue;
         }
+        pthread_mutex_t *stripe = &stripes[item % LOCK_STRIPES];
+        if (s->locked)
+            pthread_mutex_lock(stripe);
         if (read) { /* the whole record is read: its check covers every byte */
             run.failures += !record_ok(r, key);
             run.hash = read_hash(run.hash, item, r->version);
@@ -236,34 +259,60 @@ __attribute__((noinline)) static struct run run_ops(struct store *s, struct ops 
             write_record(r, key, r->version + 1);
             run.updates++;
         }
+        if (s->locked)
+            pthread_mutex_unlock(stripe);
     }
     return run;
 }
 
-/* Replay the operations against a shadow array of versions; then every record must hold its
- * last version, intact, and be found through the index. */
-static bool check_run(const struct store *s, struct ops o, uint64_t count, uint64_t n, const struct run *run)
+struct threads_run {
+    struct store *store;
+    const struct ops *ops; /* one sequence a thread */
+    const struct options *opt;
+    struct run *runs;
+};
+
+static void run_thread(uint64_t k, void *shared)
+{
+    struct threads_run *t = shared;
+    t->runs[k] = run_ops(t->store, t->ops[k], ops_of(t->opt, k));
+}
+
+/* Replay every thread's operations against a shadow array of versions; then every record must
+ * hold its last version, intact, and be found through the index. With one thread the reads
+ * must have returned, in order, the versions the replay gives them. Sets *checksum: the
+ * reads' hash with one thread, the final versions' with more. */
+static bool check_run(const struct store *s, const struct options *opt, const struct ops *ops, uint64_t n,
+                      const struct run *run, uint64_t *checksum)
 {
     uint32_t *versions = wl_alloc(n * sizeof(uint32_t));
     uint64_t hash = 0, reads = 0;
-    for (uint64_t op = 0; op < count; op++) {
-        bool read;
-        const uint64_t item = next_op(&o, &read);
-        if (read) {
-            hash = read_hash(hash, item, versions[item]);
-            reads++;
-        } else {
-            versions[item]++;
+    for (uint64_t k = 0; k < opt->threads; k++) {
+        struct ops o = ops[k];
+        for (uint64_t op = 0; op < ops_of(opt, k); op++) {
+            bool read;
+            const uint64_t item = next_op(&o, &read);
+            if (read) {
+                hash = read_hash(hash, item, versions[item]);
+                reads++;
+            } else {
+                versions[item]++;
+            }
         }
     }
-    if (run->failures != 0 || hash != run->hash || reads != run->reads)
+    *checksum = run->hash;
+    if (run->failures != 0 || reads != run->reads || (opt->threads == 1 && hash != run->hash))
         return false;
+    uint64_t final = 0;
     for (uint64_t i = 0; i < n; i++) {
-        const uint64_t key = key_of(i, o.salt);
+        const uint64_t key = key_of(i, ops[0].salt);
         const struct record *r = lookup(s, key);
         if (r != &s->records[i] || !record_ok(r, key) || r->version != versions[i])
             return false;
+        final = read_hash(final, i, versions[i]);
     }
+    if (opt->threads > 1)
+        *checksum = final;
     return true;
 }
 
@@ -272,26 +321,45 @@ int main(int argc, char **argv)
     wl_start("kvstore", USAGE);
     const struct options opt = parse_options(argc, argv);
     const uint64_t n = opt.records, salt = wl_stream(opt.common.seed, 1);
-    struct store s = {.records = wl_alloc(n * sizeof(struct record)), .capacity = n * SLOTS_PER_RECORD};
+    struct store s = {.records = wl_alloc(n * sizeof(struct record)), .capacity = n * SLOTS_PER_RECORD,
+                      .locked = opt.threads > 1};
     s.slots = wl_alloc(s.capacity * sizeof(struct slot));
     load(&s, n, salt);
-    const struct ops ops = ops_start(&opt, salt);
+    static struct ops ops[MAX_THREADS];
+    static struct run runs[MAX_THREADS];
+    for (uint64_t k = 0; k < opt.threads; k++)
+        ops[k] = ops_start(&opt, salt, k);
+    for (unsigned i = 0; opt.threads > 1 && i < LOCK_STRIPES; i++)
+        pthread_mutex_init(&stripes[i], NULL);
+    struct threads_run threads = {.store = &s, .ops = ops, .opt = &opt, .runs = runs};
 
     wl_roi_begin(&opt.common);
-    const struct run run = run_ops(&s, ops, opt.ops);
+    if (opt.threads > 1)
+        wl_run_threads(opt.threads, run_thread, &threads, NULL);
+    else
+        runs[0] = run_ops(&s, ops[0], opt.ops);
     wl_roi_end(&opt.common, &s.records[n / 2].check, sizeof s.records[0].check);
 
-    const bool ok = check_run(&s, ops, opt.ops, n, &run);
+    struct run run = {0};
+    for (uint64_t k = 0; k < opt.threads; k++) {
+        run.reads += runs[k].reads;
+        run.updates += runs[k].updates;
+        run.failures += runs[k].failures;
+        run.hash = runs[k].hash; /* with one thread, its reads' hash */
+    }
+    uint64_t checksum;
+    const bool ok = check_run(&s, &opt, ops, n, &run, &checksum);
 
     struct wl_json j = wl_report_begin();
     wl_json_u64(&j, "records", n);
     wl_json_u64(&j, "ops", opt.ops);
     wl_json_str(&j, "mix", MIXES[opt.mix]);
     wl_json_real(&j, "theta", opt.theta);
+    wl_json_u64(&j, "threads", opt.threads);
     wl_json_u64(&j, "value_bytes", VALUE_BYTES);
     wl_report_data(&j, &opt.common);
     wl_json_u64(&j, "reads", run.reads);
     wl_json_u64(&j, "updates", run.updates);
     wl_json_u64(&j, "failures", run.failures);
-    return wl_report_end(&j, ok, run.hash);
+    return wl_report_end(&j, ok, checksum);
 }

@@ -4,7 +4,10 @@
  * --keys N uniform random 64-bit keys (splitmix64 from --seed) are sorted by 8 passes of
  * 8-bit digits, least significant first, between the key array and a buffer of the same
  * size: ROI --roi (1) is the whole sort, one read pass that counts all 8 digit histograms
- * and 8 scatter passes (a sequential read, 256 sequential write streams each).
+ * and 8 scatter passes (a sequential read, 256 sequential write streams each). With
+ * --threads T, T POSIX threads sort a contiguous share of the array each, as a parallel LSD
+ * sort does: per pass they count their share's digits, meet at a barrier, scatter their
+ * share to offsets that keep the sort stable, and meet again; the result is the same.
  * Self-check: the result is in order and holds the same multiset of keys (its sum, and the
  * sum of a hash of each key, equal the input's). One JSON line on stdout; exit 0, 1 if the
  * check failed, 2 for a usage error.
@@ -17,21 +20,24 @@
 #define DEFAULT_KEYS (1u << 20)
 #define BYTES_PER_KEY (2 * sizeof(uint64_t)) /* the keys and the buffer */
 #define MAX_KEYS (UINT64_MAX / BYTES_PER_KEY)
+#define MAX_THREADS 256u
 
 static const char USAGE[] =
-    "usage: radix [--keys N | --footprint BYTES] [--seed S] [--roi ID]\n"
+    "usage: radix [--keys N | --footprint BYTES] [--threads T] [--seed S] [--roi ID]\n"
     "  --keys        64-bit keys to sort (default 1M)\n"
-    "  --footprint   pick the keys so that keys and buffer (16 bytes a key) fit BYTES\n" WL_COMMON_USAGE;
+    "  --footprint   pick the keys so that keys and buffer (16 bytes a key) fit BYTES\n"
+    "  --threads     POSIX threads sorting a share of the keys each (default 1)\n" WL_COMMON_USAGE;
 
 struct options {
-    uint64_t keys;
+    uint64_t keys, threads;
     struct wl_common common;
 };
 
 static struct options parse_options(int argc, char **argv)
 {
-    struct options opt = {.keys = DEFAULT_KEYS, .common = WL_COMMON_DEFAULTS};
-    struct wl_option options[] = {WL_SIZED("keys", &opt.keys, 1, MAX_KEYS), WL_END};
+    struct options opt = {.keys = DEFAULT_KEYS, .threads = 1, .common = WL_COMMON_DEFAULTS};
+    struct wl_option options[] = {WL_SIZED("keys", &opt.keys, 1, MAX_KEYS),
+                                  WL_COUNT("threads", &opt.threads, 1, MAX_THREADS), WL_END};
     wl_parse(argc, argv, options, &opt.common);
     if (opt.common.footprint != 0)
         opt.keys = wl_footprint_items(&opt.common, "keys", BYTES_PER_KEY, 0, 1, MAX_KEYS);
@@ -78,6 +84,44 @@ __attribute__((noinline)) static void radix_sort(uint64_t *keys, uint64_t *buffe
 
 _Static_assert(PASSES % 2 == 0, "the sorted keys end in the key array");
 
+struct sort_run {
+    uint64_t *keys, *buffer, n, threads;
+    uint64_t (*counts)[RADIX]; /* counts[k]: thread k's digits in the current pass */
+    pthread_barrier_t barrier;
+};
+
+/* Thread k's share of radix_sort: keys [k n / T, (k + 1) n / T) of each pass's input go
+ * after every smaller digit's and after the same digit's keys of threads j < k. */
+static void sort_share(uint64_t k, void *shared)
+{
+    struct sort_run *r = shared;
+    const uint64_t first = k * r->n / r->threads, end = (k + 1) * r->n / r->threads;
+    uint64_t *from = r->keys, *to = r->buffer, *mine = r->counts[k];
+    for (unsigned pass = 0; pass < PASSES; pass++) {
+        const unsigned shift = pass * DIGIT_BITS;
+        memset(mine, 0, RADIX * sizeof *mine);
+        for (uint64_t i = first; i < end; i++)
+            mine[(from[i] >> shift) & (RADIX - 1)]++;
+        pthread_barrier_wait(&r->barrier);
+        uint64_t next[RADIX], start = 0;
+        for (unsigned digit = 0; digit < RADIX; digit++) {
+            for (uint64_t j = 0; j < r->threads; j++) {
+                if (j == k)
+                    next[digit] = start;
+                start += r->counts[j][digit];
+            }
+        }
+        for (uint64_t i = first; i < end; i++) {
+            const uint64_t key = from[i];
+            to[next[(key >> shift) & (RADIX - 1)]++] = key;
+        }
+        pthread_barrier_wait(&r->barrier); /* the pass is whole, the counts read */
+        uint64_t *swap = from;
+        from = to;
+        to = swap;
+    }
+}
+
 int main(int argc, char **argv)
 {
     wl_start("radix", USAGE);
@@ -91,8 +135,18 @@ int main(int argc, char **argv)
         add_key(&input, keys[i]);
     }
 
+    struct sort_run run = {.keys = keys, .buffer = buffer, .n = n, .threads = opt.threads,
+                           .counts = calloc(opt.threads, sizeof *run.counts)};
+    if (run.counts == NULL) {
+        fputs("radix: out of memory for the threads' counts\n", stderr);
+        return 1;
+    }
+
     wl_roi_begin(&opt.common);
-    radix_sort(keys, buffer, n);
+    if (opt.threads > 1)
+        wl_run_threads(opt.threads, sort_share, &run, &run.barrier);
+    else
+        radix_sort(keys, buffer, n);
     wl_roi_end(&opt.common, &keys[n / 2], sizeof keys[0]);
 
     bool sorted = true;
@@ -104,6 +158,7 @@ int main(int argc, char **argv)
 
     struct wl_json j = wl_report_begin();
     wl_json_u64(&j, "keys", n);
+    wl_json_u64(&j, "threads", opt.threads);
     wl_report_data(&j, &opt.common);
     wl_json_u64(&j, "passes", PASSES);
     wl_json_u64(&j, "digit_bits", DIGIT_BITS);

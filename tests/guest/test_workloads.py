@@ -119,7 +119,8 @@ def test_binary_contains_the_roi_markers(runtime: Path, name: str) -> None:
 
 def test_graph_bfs_default(runtime: Path) -> None:
     data = report(runtime, "graph")
-    assert data["params"] == {"kernel": "bfs", "vertices": 65536, "degree": 16, "seed": 1, "roi": 1}
+    assert data["params"] == {"kernel": "bfs", "vertices": 65536, "degree": 16, "threads": 1, "seed": 1,
+                              "roi": 1}
     # Chung-Lu with mean degree 16: nearly every vertex is in the hub's component, a few levels deep.
     assert 0.95 * 65536 < data["reached"] <= 65536 and 3 <= data["levels"] <= 10
     assert 0.99 * 65536 * 8 < data["edges"] <= 65536 * 8
@@ -143,7 +144,7 @@ def test_radix(runtime: Path) -> None:
     assert data["params"]["keys"] == 2**20 and data["footprint_bytes"] == 16 * 2**20
     assert data["sorted"] is True and data["passes"] == 8 and data["min_key"] <= data["max_key"]
     data = report(runtime, "radix", "--footprint", "1M", "--seed", "9", "--roi", "7")
-    assert data["params"] == {"keys": 65536, "footprint": 2**20, "seed": 9, "roi": 7}
+    assert data["params"] == {"keys": 65536, "threads": 1, "footprint": 2**20, "seed": 9, "roi": 7}
     single = report(runtime, "radix", "--keys", "1")
     assert single["min_key"] == single["max_key"] and single["sorted"] is True
 
@@ -207,16 +208,31 @@ def test_dlrm(runtime: Path) -> None:
 @pytest.mark.parametrize(("name", "args"), [
     ("dlrm", ["--tables", "3", "--rows", "2000", "--batches", "5", "--batch-size", "7"]),
     ("srad", ["--width", "64", "--height", "6", "--iterations", "3"]),
+    ("radix", ["--keys", "10000"]),
+    ("radix", ["--keys", "5"]),
+    ("graph", ["--vertices", "4096"]),
     ("randread", ["--footprint", "1M", "--reads", "20000", "--write-share", "0.3"]),
 ])
 def test_threads_compute_what_one_thread_does(runtime: Path, name: str, args: list[str]) -> None:
-    """--threads N (POSIX threads): the same result as one thread (dlrm, srad; also with more
-    threads than a batch has samples or the image rows) or as N tasks of the guest runtime
-    (randread: each thread's reads are a task's stream), self-check passed (report() asserts it)."""
+    """--threads N (POSIX threads): the same result as one thread (dlrm, srad, radix, graph's
+    bfs; also with more threads than a batch has samples, the image rows or the keys) or as N
+    tasks of the guest runtime (randread: each thread's reads are a task's stream), self-check
+    passed (report() asserts it)."""
     for threads in ("3", "8"):
         data = report(runtime, name, *args, "--threads", threads)
         same = report(runtime, name, *args, *(("--tasks", threads) if name == "randread" else ()))
         assert data["params"]["threads"] == int(threads) and data["checksum"] == same["checksum"]
+
+
+def test_kvstore_threads_share_the_operations_and_end_at_the_same_versions(runtime: Path) -> None:
+    """Each thread its own operation sequence, records under striped mutexes: on the host's
+    cores the threads really race, yet every read finds an intact value and every record
+    ends at the version all the updates give it (the checksum), run after run."""
+    args = ["--records", "2000", "--ops", "30000", "--mix", "a"]
+    runs = [report(runtime, "kvstore", *args, "--threads", "3") for _ in range(2)]
+    assert runs[0]["params"]["threads"] == 3 and runs[0]["reads"] + runs[0]["updates"] == 30000
+    assert runs[0]["checksum"] == runs[1]["checksum"]
+    assert runs[0]["checksum"] != report(runtime, "kvstore", *args)["checksum"]  # other sequences
 
 
 TPCC_DEFAULT_PARAMS = {
@@ -301,6 +317,7 @@ BAD_ARGUMENTS = [(name, args, message) for name in WORKLOADS for args, message i
     ("srad", ["--iterations", "0"], "--iterations 0: must be 1.."),
     ("srad", ["--footprint", "300"], "--footprint 300 is too small"),
     ("kvstore", ["--mix", "d"], "--mix: 'd' is not one of a, b, c"),
+    ("graph", ["--kernel", "bc", "--threads", "2"], "--threads 2 is for --kernel bfs"),
     ("kvstore", ["--theta", "1"], "--theta 1: must be strictly between 0 and 1"),
     ("kvstore", ["--records", "5", "--footprint", "1M"], "--footprint and --records are exclusive"),
     ("dlrm", ["--dist", "normal"], "--dist: 'normal' is not one of zipf, uniform"),
