@@ -6,12 +6,14 @@ the mechanism and the measured numbers."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from cxlssd.errors import FirmwareError
 from cxlssd.firmware.profile import load_profile
 from cxlssd.firmware.replay import replay_guest_threads
 from cxlssd.firmware.threads import guest_threads
@@ -126,3 +128,33 @@ def test_the_recorded_run_carries_its_threads_and_replays_with_them(runs: dict[t
     print(f"replayed with its threads: base-cssd {base / 1e6:.3f} ms (live {live['modelled_ns'] / 1e6:.3f}), "
           f"skybyte-c {c / 1e6:.3f} ms ({base / c:.2f}x; live {live_c / 1e6:.3f})")
     assert base == pytest.approx(live["modelled_ns"], rel=0.15) and base / c >= 1.3
+
+
+def test_a_firmware_killed_mid_run_leaves_no_thread_parked(default_platform: Platform, cli: Any) -> None:
+    """Issue 14's robustness: the firmware SIGKILLed while three threads are being parked.
+    The run stops with the cause; the program, which outlives its SSH channel, finishes
+    with its self-check passed (no thread stays parked: the helper only yields); the
+    kernel log is clean."""
+    guest = default_platform.guest()
+    guest.run(["dmesg", "-C"], check=True)
+    parks = helper_stats(guest)["parks"]
+    out = "/tmp/killed-randread.json"
+    command = " ".join(["randread", *READS, "--threads", "3", ">", out, "2>&1", "&"])
+    with pytest.raises(FirmwareError, match="killed by SIGKILL"), \
+            default_platform.attach("skybyte-c", SSD) as session:
+        session.run(["sh", "-c", command], check=True)
+        deadline = time.monotonic() + 600
+        while helper_stats(guest)["parks"] < parks + 300:  # mid-ROI: threads are being parked
+            assert time.monotonic() < deadline, "the threads were never parked"
+            time.sleep(0.5)
+        assert cli("inject", "--instance", default_platform.name, "firmware-kill").returncode == 0
+        session.run(["sleep", "60"])  # stopped within seconds by the dead firmware
+    waited = guest.run(["sh", "-c", "for i in $(seq 300); do pgrep -x randread >/dev/null || exit 0; "
+                                    "sleep 1; done; exit 1"], timeout_s=330)
+    assert waited[0] == 0, "randread did not finish after the firmware died"
+    report = json.loads(guest.run(["cat", out], check=True)[1])
+    stats = helper_stats(guest)
+    print(f"after the kill: {json.dumps(report)}; helper {stats}")
+    assert report["check_ok"] and report["mismatches"] == 0 and stats["parks"] >= parks + 300
+    lines = guest.run(["dmesg"], check=True)[1].decode(errors="replace").splitlines()
+    assert not [line for line in lines if any(bad in line for bad in ("BUG", "WARNING", "hung_task", "Oops"))]
