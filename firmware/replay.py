@@ -73,8 +73,9 @@ def replay_file(
     reader = TraceReader(path)
     if as_threads:
         if not reader.metadata.get("guest_driven"):
-            raise InputError(f"{path} is not a live run's trace (`cxlssd live --record`): "
-                             "a synthetic trace's threads are replayed as threads without asking")
+            raise InputError(f"{path} is not a live run's trace (`cxlssd guest exec --design D --record "
+                             "FILE -- ...` makes one): a synthetic trace's threads replay as threads "
+                             "without --as-threads")
         result = replay_guest_threads(profile, reader.read_all(), vectorize)
     elif not reader.metadata.get("guest_driven") and int(reader.metadata.get("threads", 1)) > 1:
         result = replay_threads(profile, reader.read_all(), vectorize)

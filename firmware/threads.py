@@ -70,11 +70,11 @@ def guest_threads(requests: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """A live run's recorded stream (compute timebase: ``time_ns`` is its vCPU's
     compute clock, ``thread`` the guest thread the kernel helper noted) as the thread
     model's input. Returns the device reads and writes before the first ROI begins
-    (the set-up), those of that ROI with each ``time_ns`` now
-    its thread's own compute clock, and the ROI's id (-1: no ROI, all of it is the
-    ROI's). The work between two requests of a vCPU is the thread's whose request
-    ends it (the guest ran it); what the live run's guest did besides (its switches,
-    promotions, misses served by host DRAM) is left to the replayed design."""
+    (the set-up), those of that ROI with each ``time_ns`` now its thread's own
+    compute clock, and the ROI's id (-1: no ROI, all of it is the ROI's). The work
+    between two requests of a vCPU is the thread's whose request ends it (the guest
+    ran it); what the live run's guest did besides (its switches, promotions, misses
+    served by host DRAM) is left to the replayed design."""
     markers = np.flatnonzero((requests["op"] == Op.MARKER) & (requests["flags"] == MarkerCmd.ROI_BEGIN))
     begin, end, roi = 0, len(requests), -1
     if markers.size:
