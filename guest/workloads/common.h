@@ -77,6 +77,8 @@ __attribute__((noreturn)) static inline void wl_fail(const char *what, uint64_t 
 
 /* ---- threads (--threads N) ------------------------------------------------------------- */
 
+#define WL_MAX_THREADS 256u /* --threads' bound in every workload */
+
 struct wl_thread {
     void (*fn)(uint64_t k, void *shared);
     void *shared;

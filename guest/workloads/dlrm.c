@@ -84,7 +84,7 @@ static struct options parse_options(int argc, char **argv)
         WL_COUNT("pooling", &opt.pooling, 1, 1u << 16),
         WL_CHOICE("dist", &opt.dist, DISTS),
         WL_REAL("theta", &opt.theta, 0, 1),
-        WL_COUNT("threads", &opt.threads, 1, 256),
+        WL_COUNT("threads", &opt.threads, 1, WL_MAX_THREADS),
         WL_END,
     };
     wl_parse(argc, argv, options, &opt.common);
@@ -181,8 +181,8 @@ struct lookup_run {
     pthread_barrier_t barrier; /* with threads > 1 */
 };
 
-/* Per batch, per table, thread k's samples [k * S / N, (k + 1) * S / N): out[t][s][..] = sum of the sample's rows of
- * table t; thread 0 digests the batch's output once every thread has written its share. */
+/* Per batch, per table, thread k's samples [k * S / N, (k + 1) * S / N): out[t][s][..] =
+ * sum of the sample's rows of table t; thread 0 digests the batch's output once every thread has written its share. */
 __attribute__((noinline)) static void lookups(uint64_t k, void *shared)
 {
     struct lookup_run *run = shared;

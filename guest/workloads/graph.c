@@ -30,7 +30,6 @@ static const char *const KERNELS[] = {"bfs", "bc", NULL};
 #define DEFAULT_SOURCES 4u
 #define MAX_VERTICES (1ull << 31)
 #define MIN_VERTICES 2u
-#define MAX_THREADS 256u
 #define REL_TOLERANCE 1e-9
 
 static const char USAGE[] =
@@ -78,7 +77,7 @@ static struct options parse_options(int argc, char **argv)
         WL_SIZED("vertices", &opt.vertices, MIN_VERTICES, MAX_VERTICES),
         WL_COUNT("degree", &opt.degree, 1, 1u << 16),
         WL_COUNT("sources", &opt.sources, 1, MAX_VERTICES),
-        WL_COUNT("threads", &opt.threads, 1, MAX_THREADS),
+        WL_COUNT("threads", &opt.threads, 1, WL_MAX_THREADS),
         WL_END,
     };
     wl_parse(argc, argv, options, &opt.common);

@@ -22,8 +22,7 @@
  * found through the index. With threads, which version a read returns depends on how the
  * threads interleave: every read must still find an intact value, and every record must
  * end at the version all the threads' updates give it (the checksum hashes those). One
- * JSON line on stdout; exit 0, 1 if the check failed, 2 for
- * a usage error.
+ * JSON line on stdout; exit 0, 1 if the check failed, 2 for a usage error.
  */
 #include "common.h"
 
@@ -33,7 +32,6 @@
 #define DEFAULT_THETA 0.99
 #define SLOTS_PER_RECORD 2u
 #define MAX_RECORDS (1ull << 32)
-#define MAX_THREADS 256u
 #define LOCK_STRIPES 4096u
 
 enum mix { MIX_A, MIX_B, MIX_C };
@@ -82,7 +80,7 @@ static struct options parse_options(int argc, char **argv)
         WL_SIZE("ops", &opt.ops, 0, UINT64_MAX),
         WL_CHOICE("mix", &opt.mix, MIXES),
         WL_REAL("theta", &opt.theta, 0, 1),
-        WL_COUNT("threads", &opt.threads, 1, MAX_THREADS),
+        WL_COUNT("threads", &opt.threads, 1, WL_MAX_THREADS),
         WL_END,
     };
     wl_parse(argc, argv, options, &opt.common);
@@ -325,8 +323,8 @@ int main(int argc, char **argv)
                       .locked = opt.threads > 1};
     s.slots = wl_alloc(s.capacity * sizeof(struct slot));
     load(&s, n, salt);
-    static struct ops ops[MAX_THREADS];
-    static struct run runs[MAX_THREADS];
+    static struct ops ops[WL_MAX_THREADS];
+    static struct run runs[WL_MAX_THREADS];
     for (uint64_t k = 0; k < opt.threads; k++)
         ops[k] = ops_start(&opt, salt, k);
     for (unsigned i = 0; opt.threads > 1 && i < LOCK_STRIPES; i++)

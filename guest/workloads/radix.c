@@ -20,7 +20,6 @@
 #define DEFAULT_KEYS (1u << 20)
 #define BYTES_PER_KEY (2 * sizeof(uint64_t)) /* the keys and the buffer */
 #define MAX_KEYS (UINT64_MAX / BYTES_PER_KEY)
-#define MAX_THREADS 256u
 
 static const char USAGE[] =
     "usage: radix [--keys N | --footprint BYTES] [--threads T] [--seed S] [--roi ID]\n"
@@ -37,7 +36,7 @@ static struct options parse_options(int argc, char **argv)
 {
     struct options opt = {.keys = DEFAULT_KEYS, .threads = 1, .common = WL_COMMON_DEFAULTS};
     struct wl_option options[] = {WL_SIZED("keys", &opt.keys, 1, MAX_KEYS),
-                                  WL_COUNT("threads", &opt.threads, 1, MAX_THREADS), WL_END};
+                                  WL_COUNT("threads", &opt.threads, 1, WL_MAX_THREADS), WL_END};
     wl_parse(argc, argv, options, &opt.common);
     if (opt.common.footprint != 0)
         opt.keys = wl_footprint_items(&opt.common, "keys", BYTES_PER_KEY, 0, 1, MAX_KEYS);

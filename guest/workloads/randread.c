@@ -202,7 +202,7 @@ int main(int argc, char **argv)
     uint64_t hot_bytes = 0;
     struct wl_option options[] = {
         WL_COUNT("tasks", &opt.tasks, 1, 256),
-        WL_COUNT("threads", &opt.threads, 1, 256),
+        WL_COUNT("threads", &opt.threads, 1, WL_MAX_THREADS),
         WL_SIZE("reads", &opt.reads, 1, 1ull << 32),
         WL_SIZE("hot", &hot_bytes, 0, 1ull << 40),
         WL_REAL("hot-share", &opt.hot_share, 0, 1),

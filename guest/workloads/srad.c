@@ -58,7 +58,7 @@ static struct options parse_options(int argc, char **argv)
         WL_SIZED("height", &opt.height, MIN_SIDE, MAX_SIDE),
         WL_COUNT("iterations", &opt.iterations, 1, 1u << 20),
         WL_REAL("lambda", &opt.lambda, 0, 1),
-        WL_COUNT("threads", &opt.threads, 1, 256),
+        WL_COUNT("threads", &opt.threads, 1, WL_MAX_THREADS),
         WL_END,
     };
     wl_parse(argc, argv, options, &opt.common);
@@ -150,9 +150,8 @@ static inline void srad_barrier(struct srad_run *run)
 }
 
 /* Thread k's rows [k * H / N, (k + 1) * H / N) of every iteration; thread 0 also takes the
- * statistic. The barriers
- * order the passes as one thread would: pass 1 reads J's neighbouring rows, pass 2 the
- * south neighbour's coefficient. */
+ * statistic. The barriers order the passes as one thread would: pass 1 reads J's
+ * neighbouring rows, pass 2 the south neighbour's coefficient. */
 __attribute__((noinline)) static void srad(uint64_t k, void *shared)
 {
     struct srad_run *run = shared;
