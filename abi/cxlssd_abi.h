@@ -163,12 +163,12 @@ struct cxlssd_roi_event {
 
 /* ---- the paravirtual page (pv=PATH; the guest's ivshmem BAR) ------------------------ */
 #define CXLSSD_PV_MAGIC 0x56504453534c5843ULL /* "CXLSSDPV" */
-#define CXLSSD_PV_VERSION 3u
+#define CXLSSD_PV_VERSION 4u
 #define CXLSSD_PV_BYTES 4096u /* the page (the smallest the plugin takes) */
 #define CXLSSD_PV_HEADER_BYTES 64u
 #define CXLSSD_PV_SLOT_BYTES 64u
 #define CXLSSD_PV_MAILBOX_OFFSET 2048u /* firmware -> guest promotion decisions */
-#define CXLSSD_PV_MAILBOX_HEADER 64u   /* u64 head (firmware), u64 tail (guest), then entries */
+#define CXLSSD_PV_MAILBOX_HEADER 64u   /* u64 head (firmware), tail and taken (guest), then entries */
 #define CXLSSD_PV_DEMOTE (1ull << 63)  /* a mailbox entry: device page | DEMOTE for a demotion */
 /* features: what the attached firmware's design asks of the guest */
 #define CXLSSD_FEATURE_CONTEXT_SWITCH 1u
@@ -193,8 +193,12 @@ struct cxlssd_pv_slot {
     uint64_t thread; /* the guest thread on the vCPU (its pid; 0: not known), the kernel helper's */
 };
 
+/* head: decisions posted (firmware); tail: decisions carried out (guest); taken: decisions
+ * the guest has copied out, tail <= taken <= head: their entries may be reused. The firmware
+ * reads taken only at the daemon's reports, points of the request stream after it was
+ * written, so whether a decision finds room does not depend on the host's speed. */
 struct cxlssd_pv_mailbox {
-    uint64_t head, tail, reserved[6];
+    uint64_t head, tail, taken, reserved[5];
     uint64_t entries[]; /* mailbox_entries of them */
 };
 

@@ -256,7 +256,7 @@ ROI_EVENT_DTYPE = np.dtype(
 # ---- the paravirtual page (plugin pv=PATH; the guest's ivshmem BAR) ----------------------
 
 PV_MAGIC = _magic(b"CXLSSDPV")
-PV_VERSION = 3
+PV_VERSION = 4
 PV_BYTES = 4096
 PV_HEADER_BYTES = 64
 PV_SLOT_BYTES = 64
@@ -303,4 +303,4 @@ PV_SLOT_DTYPE = np.dtype(
     ]
 )
 #: struct cxlssd_pv_mailbox without its entries (u64 each, right after it)
-PV_MAILBOX_DTYPE = np.dtype([("head", "<u8"), ("tail", "<u8"), ("reserved", "<u8", (6,))])
+PV_MAILBOX_DTYPE = np.dtype([("head", "<u8"), ("tail", "<u8"), ("taken", "<u8"), ("reserved", "<u8", (5,))])

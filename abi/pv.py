@@ -13,12 +13,12 @@ guest runtime (``guest/runtime/libcxlssd.c``) maps the BAR.
 * The firmware posts promotion and demotion decisions into a mailbox that the
   guest's promotion daemon (``host_os/``) drains.
 
-Layout v2 (:mod:`.protocol`, ``cxlssd_abi.h``): a 64-byte header (magic
+Layout v4 (:mod:`.protocol`, ``cxlssd_abi.h``): a 64-byte header (magic
 ``"CXLSSDPV"``, the slots, the attached firmware's features and scheduler, the
 mailbox's offset and entries), one 64-byte slot per vCPU (the answer to its
 last clock read and long-delay query, the guest's arguments of a marker), the
-mailbox at offset 2048 (u64 head written by the firmware, u64 tail by the
-guest, then u64 entries: device page | 1 << 63 for a demotion). A clock of 0
+mailbox at offset 2048 (u64 head written by the firmware, u64 tail and taken by
+the guest, then u64 entries: device page | 1 << 63 for a demotion). A clock of 0
 means no firmware was attached.
 """
 
@@ -49,7 +49,7 @@ _FEATURES_WORD = offset(PV_HEADER_DTYPE, "features") // 8
 _CLOCK, _SEQ, _QUERY_READY, _QUERY_LONG, _QUERY_TICKET = (
     word(PV_SLOT_DTYPE, name) for name in ("clock_ns", "seq", "query_ready_ns", "query_long", "query_ticket")
 )
-_HEAD, _TAIL = word(PV_MAILBOX_DTYPE, "head"), word(PV_MAILBOX_DTYPE, "tail")
+_HEAD, _TAIL, _TAKEN = (word(PV_MAILBOX_DTYPE, name) for name in ("head", "tail", "taken"))
 
 
 def create_page(path: Path) -> None:
@@ -123,12 +123,19 @@ class PvPage(Lifecycle):
         words[first + _QUERY_LONG] = int(long_delay)
         words[first + _QUERY_TICKET] = ticket
 
-    def post(self, page: int, demote: bool) -> bool:
-        """Post a decision to the mailbox; False (nothing posted) when it is full."""
+    def consumed(self) -> int:
+        """The decisions the guest has taken out of the mailbox (its entries are free)."""
+        words, box = self._words(), self._header("mailbox_offset") // 8
+        return max(int(words[box + _TAIL]), int(words[box + _TAKEN]))
+
+    def post(self, page: int, demote: bool, consumed: int | None = None) -> bool:
+        """Post a decision to the mailbox; False (nothing posted) when it is full.
+        ``consumed``: the guest's :meth:`consumed` as the caller last knew it (a value of
+        the request stream's order, see ``Mailbox``); never more than the page shows."""
         words = self._words()
         box, entries = self._header("mailbox_offset") // 8, self._header("mailbox_entries")
-        head, tail = int(words[box + _HEAD]), int(words[box + _TAIL])
-        if head - tail >= entries:
+        head, now = int(words[box + _HEAD]), self.consumed()
+        if head - (now if consumed is None else min(consumed, now)) >= entries:
             return False
         words[box + PV_MAILBOX_DTYPE.itemsize // 8 + head % entries] = page | (PV_DEMOTE if demote else 0)
         words[box + _HEAD] = head + 1  # after the entry: the daemon reads up to head

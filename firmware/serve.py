@@ -82,12 +82,19 @@ class Mailbox:
     it again on a later hit): the mailbox bounds the decisions in flight, as an
     OS bounds its migration rate, and a burst of one-off hits (a workload writing
     its data) does not queue thousands of stale moves. A demotion waits (in order)
-    for room: the budget depends on it."""
+    for room: the budget depends on it.
+
+    The room is what the guest had taken out when its daemon last reported a page
+    (:meth:`reported`, at a PROMOTED/DEMOTED/PROMOTE_FAILED marker): the daemon writes
+    ``taken`` right after its barrier and reports after it, so the value is one of the
+    request stream's order. Read from the page at any other moment, it would depend on
+    how far this firmware lagged the guest in host time."""
 
     def __init__(self, page: PvPage, controller: Controller) -> None:
         self.page = page
         self.controller = controller
         self.demotions: collections.deque[int] = collections.deque()
+        self.consumed = page.consumed()
         self.posted = 0
         self.dropped = 0
 
@@ -95,14 +102,19 @@ class Mailbox:
         if demote:
             self.demotions.append(device_page)
             self.flush()
-        elif self.demotions or not self.page.post(device_page, False):
+        elif self.demotions or not self.page.post(device_page, False, self.consumed):
             self.dropped += 1
             self.controller.host_gave_up(device_page)
         else:
             self.posted += 1
 
+    def reported(self) -> None:
+        """The guest's daemon reported a page: it has taken what it took, room may be free."""
+        self.consumed = self.page.consumed()
+        self.flush()
+
     def flush(self) -> None:
-        while self.demotions and self.page.post(self.demotions[0], True):
+        while self.demotions and self.page.post(self.demotions[0], True, self.consumed):
             self.demotions.popleft()
             self.posted += 1
 
@@ -166,6 +178,7 @@ def serve(
         if page is not None and mailbox is not None:
             driver.server.on_query = page.answer_query
             driver.server.on_decision = mailbox.post
+            driver.server.on_report = mailbox.reported
             page.set_features(
                 (FEATURE_CONTEXT_SWITCH if profile["context_switch.enabled"] else 0)
                 | (FEATURE_PROMOTION if profile["migration.enabled"] else 0),
@@ -173,12 +186,7 @@ def serve(
             )
         knobs = KnobController(controller)
 
-        def before_chunk() -> None:
-            knobs.tick()
-            if mailbox is not None:
-                mailbox.flush()
-
-        driver.before_chunk = before_chunk
+        driver.before_chunk = knobs.tick
         control = ControlFile(control_path) if control_path is not None else None
         with driver:
             log.info("firmware %s serving %s (pid %d)", profile.name, ring_path, os.getpid())

@@ -131,7 +131,8 @@ class StreamServer:
     guest's clock reads (the live driver writes the paravirtual page; a replay
     only counts them); ``on_query(vcpu, ticket, long_delay, ready_ns)`` answers
     long-delay queries, ``on_decision(page, demote)`` hands on promotion and
-    demotion decisions. ``switching`` settles long delays (without it no query
+    demotion decisions, ``on_report()`` follows the guest's reports of pages it moved
+    (or could not). ``switching`` settles long delays (without it no query
     is answered "long")."""
 
     def __init__(
@@ -142,6 +143,7 @@ class StreamServer:
         switching: LiveContextSwitch | None = None,
         on_query: Callable[[int, int, bool, int], None] | None = None,
         on_decision: Callable[[int, bool], None] | None = None,
+        on_report: Callable[[], None] | None = None,
     ) -> None:
         self.controller = controller
         self.cpu_counters = cpu_counters
@@ -149,6 +151,7 @@ class StreamServer:
         self.switching = switching or LiveContextSwitch(controller, NeverSwitch())
         self.on_query = on_query
         self.on_decision = on_decision
+        self.on_report = on_report
         self.transfers = TransferEngine(controller)
         self.clock_reads = 0
         self.requests = 0
@@ -276,6 +279,8 @@ class StreamServer:
                 log.warning("marker %d of vCPU %d names device page %#x, beyond the device's %d pages: "
                             "ignored", cmd, vcpu, arg, self.controller.device_pages)
             return
+        if cmd in _PAGE_REPORTS and self.on_report is not None:
+            self.on_report()
         if cmd == MarkerCmd.PROMOTED:
             self.controller.host_promoted(arg)
             self.transfers.page_moved(vcpu)

@@ -13,13 +13,18 @@
  * the promoted page serves; DEMOTED; PROMOTE_FAILED when the page is gone). The kernel
  * copies the page, so the copy's device reads and writes are modelled as any others, and
  * this daemon's own instructions run on the guest's vCPUs: their time is on the modelled
- * clock. It polls the mailbox every --interval-us (default 100) of guest wall-clock
- * time, backing off to 16x that while nothing comes; each poll first waits until the
- * firmware has served the guest's accesses so far (a clock read), so what it finds does
- * not depend on the host's speed. The guest's clock follows its
- * instructions (-icount, 1 ns each): 100 us is 100 k instructions of the busy vCPU,
- * a few hundred of them the poll's own (1000 us let a short run end before the
- * daemon looked twice).
+ * clock.
+ *
+ * When it looks is fixed by the guest's execution, not by the host's speed: with the
+ * kernel helper (host_os/kmod/), it blocks in read(2) of /dev/cxlssd_promote, which
+ * returns when the plugin rang the doorbell because the mailbox got decisions (the plugin
+ * looks every 100 us of the vCPU's modelled time, after the firmware has served every
+ * access before). Without the helper it polls every --interval-us (default 100) of guest
+ * time, backing off to 16x that while nothing comes (the guest's clock follows its
+ * instructions, -icount, 1 ns each: 100 us is 100 k instructions of the busy vCPU, a few
+ * hundred of them the poll's own). Either way each look first waits until the firmware
+ * has served the guest's accesses so far (a clock read), so what it finds does not depend
+ * on how far the firmware lagged.
  *
  * Without an attached design that promotes, it just runs COMMAND. Exit status: the
  * child's (128 + signal if it was killed), 2 for a usage error, 1 if it cannot start.
@@ -34,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -53,9 +59,6 @@
  * bound in work, not host time: 200 ms was longer than a whole small run, and pages
  * mapped after the first scan were never found. */
 #define SCAN_INTERVAL_MS 5
-/* ... and while the child has not faulted, at most this often: its pages can still move
- * without a fault of its own (khugepaged, compaction), rarely. */
-#define QUIET_SCAN_INTERVAL_MS 100
 
 static const char USAGE[] = "usage: cxlssd-promote [--interval-us N] -- COMMAND [ARG...]\n";
 
@@ -72,14 +75,15 @@ static void forward_signal(int signum)
 static struct {
     pid_t pid;
     int pagemap;
+    int kpagecount; /* /proc/kpagecount: how many mappings each physical page has, or -1 */
     uint64_t first_pfn, last_pfn; /* the CXL region's pages */
     uint64_t *va_of;        /* CXL page (pfn - first_pfn) -> the child's virtual page, 0 if none
                              * seen; may be stale: checked against the pagemap before use */
     struct timespec last_scan;
     uint64_t faults_at_scan; /* the child's page faults when the map was last rebuilt */
     int cxl_node; /* where demoted pages go */
-    int scanned;  /* the map was rebuilt during this batch of decisions */
-    uint64_t promoted, demoted, failed, scans;
+    int looked;   /* the map was rebuilt, or found current, during this batch of decisions */
+    uint64_t promoted, demoted, failed, scans, wakeups;
     uint64_t unmapped; /* of the failed: the page was not (or no longer) the child's */
     uint64_t *promoted_page, *promoted_va; /* device page -> its virtual page, while promoted */
     uint64_t n_promoted, cap_promoted;
@@ -180,21 +184,28 @@ static uint64_t virtual_page(uint64_t page)
     uint64_t va = D.va_of[pfn - D.first_pfn];
     if (va != 0 && (pagemap_entry(va) & PFN_MASK) == pfn)
         return va;
+    /* Mapped by no one (most often a page a promotion freed): no scan can find it. */
+    uint64_t mappings = 1;
+    if (D.kpagecount >= 0 && pread(D.kpagecount, &mappings, sizeof mappings, (off_t)pfn * 8) == sizeof mappings &&
+        mappings == 0)
+        return 0;
     /* The child mapped new memory since the last look, or the page is not the child's
      * (the kernel's, one freed by a promotion): look again, once a batch, at most every
-     * SCAN_INTERVAL_MS if the child faulted since and every QUIET_SCAN_INTERVAL_MS if
-     * not, since a scan is work on the guest's vCPU too (a 32 MiB child: ~1.7 M
-     * instructions, measured inside an ROI). */
+     * SCAN_INTERVAL_MS, and only if the child faulted since: a scan is work on the
+     * guest's vCPU too (a 32 MiB child: ~1.7 M instructions), and one every 100 ms of a
+     * child that no longer faults (for pages moved by compaction, rarely) fell inside
+     * the ROI of some runs of the same program and not of others (measured: 2.0 or
+     * 3.3-3.5 ms, +2 M instructions, for the hot-set read under skybyte-p). */
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     const long since_ms = (now.tv_sec - D.last_scan.tv_sec) * 1000 + (now.tv_nsec - D.last_scan.tv_nsec) / 1000000;
-    if (D.scanned || (D.scans > 0 && since_ms < SCAN_INTERVAL_MS))
+    if (D.looked || (D.scans > 0 && since_ms < SCAN_INTERVAL_MS))
         return 0;
+    D.looked = 1; /* (reading the child's faults is work too: once a batch) */
     const uint64_t faults = child_faults();
-    if (D.scans > 0 && faults != UINT64_MAX && faults == D.faults_at_scan && since_ms < QUIET_SCAN_INTERVAL_MS)
+    if (D.scans > 0 && faults != UINT64_MAX && faults == D.faults_at_scan)
         return 0;
     scan();
-    D.scanned = 1;
     D.last_scan = now;
     D.faults_at_scan = faults;
     va = D.va_of[pfn - D.first_pfn];
@@ -283,7 +294,9 @@ static void demote(uint64_t page)
  * child's exit is looked at between batches); returns how many there were. The clock
  * read first is a barrier: the firmware answers it after serving every access published
  * before it, so the mailbox holds all the decisions those accesses made. Without it,
- * what a poll found depended on how far the firmware lagged the guest in host time. */
+ * what a poll found depended on how far the firmware lagged the guest in host time.
+ * The entries are copied out and `taken` written before any device access of the moves:
+ * the firmware reads it at this batch's first report, and counts the room from it. */
 static unsigned drain(volatile unsigned long long *pv)
 {
     cxlssd_clock_ns();
@@ -292,16 +305,18 @@ static unsigned drain(volatile unsigned long long *pv)
     volatile struct cxlssd_pv_mailbox *box =
         (volatile struct cxlssd_pv_mailbox *)((volatile char *)pv + header->mailbox_offset);
     const uint64_t head = box->head, tail = box->tail;
-    uint64_t promotions[MAX_BATCH];
+    uint64_t batch[MAX_BATCH], promotions[MAX_BATCH];
     unsigned n = 0, done = 0;
-    D.scanned = 0;
+    for (uint64_t at = tail; at != head && done < MAX_BATCH; at++)
+        batch[done++] = box->entries[at % entries];
+    box->taken = tail + done;
+    D.looked = 0;
     /* demotions first (they make room), promotions in one batch */
-    for (uint64_t at = tail; at != head && done < MAX_BATCH; at++, done++) {
-        const uint64_t entry = box->entries[at % entries];
-        if (entry & CXLSSD_PV_DEMOTE)
-            demote(entry & ~CXLSSD_PV_DEMOTE);
+    for (unsigned i = 0; i < done; i++) {
+        if (batch[i] & CXLSSD_PV_DEMOTE)
+            demote(batch[i] & ~CXLSSD_PV_DEMOTE);
         else
-            promotions[n++] = entry;
+            promotions[n++] = batch[i];
     }
     promote(promotions, n);
     box->tail = tail + done;
@@ -371,6 +386,15 @@ int main(int argc, char **argv)
     signal(SIGHUP, forward_signal);
     D.pid = child;
     D.pagemap = -1;
+    D.kpagecount = open("/proc/kpagecount", O_RDONLY | O_CLOEXEC);
+    /* The kernel helper's wake-ups, and the child's exit as a descriptor to wait on beside
+     * them; without either, the timed polls. */
+    int rung = open("/dev/cxlssd_promote", O_RDONLY | O_CLOEXEC);
+    const int child_exit = rung >= 0 ? (int)syscall(SYS_pidfd_open, child, 0) : -1;
+    if (rung >= 0 && child_exit < 0) {
+        close(rung);
+        rung = -1;
+    }
     int status = 0;
     unsigned backoff = 1;
     for (;;) {
@@ -381,12 +405,28 @@ int main(int argc, char **argv)
             backoff = 1;
         else if (backoff < MAX_BACKOFF)
             backoff *= 2;
+        if (rung >= 0) {
+            struct pollfd wait_for[2] = {{.fd = rung, .events = POLLIN}, {.fd = child_exit, .events = POLLIN}};
+            uint64_t rings;
+            if (poll(wait_for, 2, -1) > 0 && (wait_for[0].revents & POLLIN)) {
+                const ssize_t got = read(rung, &rings, sizeof rings);
+                if (got == (ssize_t)sizeof rings) {
+                    D.wakeups++;
+                } else if (got == 0) { /* the helper is going: poll from here on */
+                    close(rung);
+                    rung = -1;
+                }
+            }
+            continue;
+        }
         const unsigned long pause_us = interval_us * backoff;
         const struct timespec pause = {.tv_sec = (time_t)(pause_us / 1000000),
                                        .tv_nsec = (long)(pause_us % 1000000) * 1000};
         nanosleep(&pause, NULL);
     }
     fprintf(stderr, "cxlssd-promote: %" PRIu64 " promoted, %" PRIu64 " demoted, %" PRIu64 " failed (%" PRIu64
-                    " not mapped), %" PRIu64 " scans\n", D.promoted, D.demoted, D.failed, D.unmapped, D.scans);
+                    " not mapped), %" PRIu64 " scans, woken %" PRIu64 " times by the kernel helper%s\n",
+            D.promoted, D.demoted, D.failed, D.unmapped, D.scans, D.wakeups,
+            rung >= 0 ? "" : " (polled the mailbox: no /dev/cxlssd_promote)");
     return exit_status(status);
 }

@@ -78,7 +78,8 @@ class PluginFiles:
     # doorbell the plugin asks the firmware about reads of the others only (docs/host-os.md).
     cache_map: Path | None = None
 
-    def qemu_args(self, config: PlatformConfig, doorbell_fd: int | None = None) -> list[str]:
+    def qemu_args(self, config: PlatformConfig, doorbell_fd: int | None = None,
+                  promote_fd: int | None = None) -> list[str]:
         """The plugin, and the guest's view of the paravirtual clock page (an
         ivshmem BAR backed by the same file the plugin and the firmware map)."""
         cpu = config.cpu
@@ -89,6 +90,8 @@ class PluginFiles:
         ]
         if doorbell_fd is not None:
             options.append(f"doorbell_fd={doorbell_fd}")
+        if promote_fd is not None:
+            options.append(f"promote_fd={promote_fd}")
         if self.cache_map is not None:
             options.append(f"cache_map={self.cache_map}")
         return [
@@ -317,17 +320,18 @@ class Platform(Lifecycle):
                 self.log_dir / "plugin.json", cache_map=cache_map,
             )
             create_page(self._plugin_files.pv)
-            doorbell_fd = None
+            doorbell_fd = promote_fd = None
             if cache_map is not None:
-                # The plugin rings vector 0 on a long-delay answer (docs/host-os.md): QEMU
-                # inherits its eventfd, the plugin is told its number.
+                # The plugin rings vector 0 on a long-delay answer and vector 1 when the
+                # mailbox got promotion decisions (docs/host-os.md): QEMU inherits their
+                # eventfds, the plugin is told their numbers.
                 create_cache_map(cache_map, self.config.cxl_total_bytes)
-                self.doorbell = DoorbellServer(rundir / "doorbell.sock")
+                self.doorbell = DoorbellServer(rundir / "doorbell.sock", vectors=2)
                 self.doorbell.start()
-                doorbell_fd = self.doorbell.eventfd()
+                doorbell_fd, promote_fd = self.doorbell.eventfd(0), self.doorbell.eventfd(1)
                 argv += self.doorbell.qemu_args()
-                pass_fds = (*pass_fds, doorbell_fd)
-            argv += self._plugin_files.qemu_args(self.config, doorbell_fd)
+                pass_fds = (*pass_fds, doorbell_fd, promote_fd)
+            argv += self._plugin_files.qemu_args(self.config, doorbell_fd, promote_fd)
         log.debug("QEMU: %s", argv)
         self._write_instance_file()
         with open(self.log_dir / "qemu.log", "wb") as qemu_log:

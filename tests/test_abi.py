@@ -123,7 +123,7 @@ def test_the_header_and_the_python_side_agree(tmp_path: Path) -> None:
         # two fields of the same size swapped: sizes and static asserts still hold
         (("uint64_t clock_ns, seq;", "uint64_t seq, clock_ns;"), "cxlssd_pv_slot.clock_ns"),
         (("#define CXLSSD_CMD_HINT 13u", "#define CXLSSD_CMD_HINT 14u"), "CXLSSD_CMD_HINT"),
-        (("#define CXLSSD_PV_VERSION 3u", "#define CXLSSD_PV_VERSION 4u"), "CXLSSD_PV_VERSION"),
+        (("#define CXLSSD_PV_VERSION 4u", "#define CXLSSD_PV_VERSION 5u"), "CXLSSD_PV_VERSION"),
         (
             ("#define CXLSSD_FLAG_HOST 8u", "#define CXLSSD_FLAG_HOST 8u\n#define CXLSSD_FLAG_NEW 16u"),
             "FLAG_NEW",

@@ -28,7 +28,13 @@
  * Unloading stops the timers, frees the vector and the mapping, and wakes every reader
  * (it then gets EOF).
  *
- * Not here yet: promotion driven by the module.
+ * Promotion driven by the guest's execution: the plugin rings the doorbell's vector 1 when
+ * the firmware's mailbox got decisions (it looks at fixed points of the vCPU's modelled
+ * time, after the firmware served everything before them); the handler wakes the
+ * promotion daemon blocked in read(2) of /dev/cxlssd_promote, which carries the decisions
+ * out with move_pages(2) (the kernel does not export migrate_pages to modules). A read
+ * returns the rings so far (u64) once there was one since the file's last read; the open
+ * file holds the module (unloading is refused while the daemon runs).
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -101,6 +107,10 @@ static struct {
 	bool stopping;
 	atomic_t open_files; /* open files of /dev/cxlssd_helper: events are queued only for them */
 	atomic64_t ticks, doorbells, reactions, dropped, parks, not_parked;
+	/* vector 1: promotion decisions in the mailbox */
+	bool promote_irq;
+	wait_queue_head_t promoters;
+	atomic64_t promote_rings;
 } helper;
 
 static struct cxlssd_pv_slot *pv_slot(unsigned int cpu)
@@ -276,9 +286,17 @@ static irqreturn_t doorbell_irq(int irq, void *data)
 
 /* ---- the ivshmem-doorbell device (MSI-X) ------------------------------------------- */
 
+/* Vector 1: the mailbox got decisions. Wake the promotion daemon. */
+static irqreturn_t promote_irq(int irq, void *data)
+{
+	atomic64_inc(&helper.promote_rings);
+	wake_up_interruptible(&helper.promoters);
+	return IRQ_HANDLED;
+}
+
 static int doorbell_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 {
-	int err;
+	int err, vectors;
 
 	/* ivshmem-plain (the pv page) has no MSI-X: leave it to user space's resource2. */
 	if (!pci_find_capability(pdev, PCI_CAP_ID_MSIX))
@@ -292,9 +310,10 @@ static int doorbell_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 		return err;
 	/* QEMU sends an MSI as a write on the device's bus-master address space. */
 	pci_set_master(pdev);
-	err = pci_alloc_irq_vectors(pdev, 1, 1, PCI_IRQ_MSIX);
-	if (err < 0) {
-		dev_err(&pdev->dev, "cannot allocate its MSI-X vector (%d)\n", err);
+	vectors = pci_alloc_irq_vectors(pdev, 1, 2, PCI_IRQ_MSIX);
+	if (vectors < 0) {
+		err = vectors;
+		dev_err(&pdev->dev, "cannot allocate its MSI-X vectors (%d)\n", err);
 		goto disable;
 	}
 	err = request_irq(pci_irq_vector(pdev, 0), doorbell_irq, 0, KBUILD_MODNAME, pdev);
@@ -302,8 +321,12 @@ static int doorbell_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 		dev_err(&pdev->dev, "cannot request its MSI-X interrupt (%d)\n", err);
 		goto vectors;
 	}
+	/* Without vector 1 (a device of one vector) the daemon polls the mailbox itself. */
+	helper.promote_irq = vectors > 1 &&
+			     !request_irq(pci_irq_vector(pdev, 1), promote_irq, 0, KBUILD_MODNAME "-promote", pdev);
 	helper.doorbell = pdev;
-	dev_info(&pdev->dev, "ivshmem-doorbell: vector 0 on irq %d\n", pci_irq_vector(pdev, 0));
+	dev_info(&pdev->dev, "ivshmem-doorbell: vector 0 on irq %d, promotion %s\n", pci_irq_vector(pdev, 0),
+		 helper.promote_irq ? "on vector 1" : "not rung (no vector 1)");
 	return 0;
 vectors:
 	pci_free_irq_vectors(pdev);
@@ -317,6 +340,9 @@ static void doorbell_remove(struct pci_dev *pdev)
 {
 	if (helper.doorbell != pdev)
 		return;
+	if (helper.promote_irq)
+		free_irq(pci_irq_vector(pdev, 1), pdev);
+	helper.promote_irq = false;
 	free_irq(pci_irq_vector(pdev, 0), pdev);
 	pci_free_irq_vectors(pdev);
 	pci_clear_master(pdev);
@@ -425,14 +451,82 @@ static const struct file_operations helper_fops = {
 	.llseek = noop_llseek,
 };
 
+/* ---- /dev/cxlssd_promote: the promotion daemon waits here ------------------------------ */
+
+static bool promote_ready(const u64 *seen)
+{
+	return atomic64_read(&helper.promote_rings) != *seen || READ_ONCE(helper.stopping);
+}
+
+static int promote_open(struct inode *inode, struct file *file)
+{
+	u64 *seen = kmalloc(sizeof(*seen), GFP_KERNEL);
+
+	if (!seen)
+		return -ENOMEM;
+	*seen = atomic64_read(&helper.promote_rings);
+	file->private_data = seen;
+	return 0;
+}
+
+static int promote_release(struct inode *inode, struct file *file)
+{
+	kfree(file->private_data);
+	return 0;
+}
+
+static ssize_t promote_read(struct file *file, char __user *buf, size_t count, loff_t *pos)
+{
+	u64 *seen = file->private_data, rings;
+	int err;
+
+	if (count < sizeof(rings))
+		return -EINVAL;
+	if (!(file->f_flags & O_NONBLOCK)) {
+		err = wait_event_interruptible(helper.promoters, promote_ready(seen));
+		if (err)
+			return err;
+	}
+	rings = atomic64_read(&helper.promote_rings);
+	if (rings == *seen)
+		return READ_ONCE(helper.stopping) ? 0 : -EAGAIN;
+	*seen = rings;
+	if (copy_to_user(buf, &rings, sizeof(rings)))
+		return -EFAULT;
+	return sizeof(rings);
+}
+
+static __poll_t promote_poll(struct file *file, poll_table *wait)
+{
+	poll_wait(file, &helper.promoters, wait);
+	return promote_ready(file->private_data) ? EPOLLIN | EPOLLRDNORM : 0;
+}
+
+static const struct file_operations promote_fops = {
+	.owner = THIS_MODULE,
+	.open = promote_open,
+	.release = promote_release,
+	.read = promote_read,
+	.poll = promote_poll,
+	.llseek = noop_llseek,
+};
+
+static struct miscdevice promote_misc = {
+	.minor = MISC_DYNAMIC_MINOR,
+	.name = "cxlssd_promote",
+	.fops = &promote_fops,
+	.mode = 0600,
+};
+
 static ssize_t stats_show(struct device *dev, struct device_attribute *attr, char *buf)
 {
 	return sysfs_emit(buf, "pv %d poll_ns %lu doorbell %d switching %d ticks %lld doorbells %lld reactions %lld "
-			  "dropped %lld parks %lld not_parked %lld\n",
+			  "dropped %lld parks %lld not_parked %lld promote_irq %d promote_rings %lld\n",
 			  helper.pv != NULL, poll_ns, helper.doorbell != NULL, switching,
 			  atomic64_read(&helper.ticks), atomic64_read(&helper.doorbells),
 			  atomic64_read(&helper.reactions), atomic64_read(&helper.dropped),
-			  atomic64_read(&helper.parks), atomic64_read(&helper.not_parked));
+			  atomic64_read(&helper.parks), atomic64_read(&helper.not_parked),
+			  helper.promote_irq, atomic64_read(&helper.promote_rings));
 }
 static DEVICE_ATTR_RO(stats);
 
@@ -535,6 +629,7 @@ static int __init helper_init(void)
 	}
 	spin_lock_init(&helper.lock);
 	init_waitqueue_head(&helper.readers);
+	init_waitqueue_head(&helper.promoters);
 	map_pv_page();
 	if (!helper.pv && poll_ns) {
 		pr_err("poll_ns=%lu but no paravirtual page (an ivshmem BAR 2 starting with the pv magic): "
@@ -546,10 +641,15 @@ static int __init helper_init(void)
 		pr_err("cannot register /dev/%s (%d)\n", helper_misc.name, err);
 		goto pv;
 	}
+	err = misc_register(&promote_misc);
+	if (err) {
+		pr_err("cannot register /dev/%s (%d)\n", promote_misc.name, err);
+		goto misc;
+	}
 	err = pci_register_driver(&doorbell_driver);
 	if (err) {
 		pr_err("cannot register the ivshmem-doorbell driver (%d)\n", err);
-		goto misc;
+		goto promote;
 	}
 	start_thread_notes();
 	if (poll_ns) {
@@ -557,10 +657,13 @@ static int __init helper_init(void)
 		on_each_cpu(start_poll, NULL, 1);
 		cpus_read_unlock();
 	}
-	pr_info("loaded: pv page %s, poll every %lu ns%s, doorbell %s, threads %s\n",
+	pr_info("loaded: pv page %s, poll every %lu ns%s, doorbell %s, promotion %s, threads %s\n",
 		helper.pv ? "found" : "absent", poll_ns, poll_ns ? "" : " (off)",
-		helper.doorbell ? pci_name(helper.doorbell) : "absent", sched_switch_tp ? "noted" : "not noted");
+		helper.doorbell ? pci_name(helper.doorbell) : "absent",
+		helper.promote_irq ? "rung" : "polled by the daemon", sched_switch_tp ? "noted" : "not noted");
 	return 0;
+promote:
+	misc_deregister(&promote_misc);
 misc:
 	misc_deregister(&helper_misc);
 pv:
@@ -577,14 +680,17 @@ static void __exit helper_exit(void)
 	helper.stopping = true;
 	spin_unlock_irq(&helper.lock);
 	wake_up_interruptible_all(&helper.readers);
+	wake_up_interruptible_all(&helper.promoters);
+	misc_deregister(&promote_misc);
 	misc_deregister(&helper_misc); /* open files keep the module: no reader is left here */
 	release_pv();
-	pr_info("unloaded: %lld ticks, %lld doorbells, %lld reactions, %lld dropped\n",
+	pr_info("unloaded: %lld ticks, %lld doorbells, %lld reactions, %lld dropped, %lld promotion rings\n",
 		atomic64_read(&helper.ticks), atomic64_read(&helper.doorbells),
-		atomic64_read(&helper.reactions), atomic64_read(&helper.dropped));
+		atomic64_read(&helper.reactions), atomic64_read(&helper.dropped),
+		atomic64_read(&helper.promote_rings));
 }
 
 module_init(helper_init);
 module_exit(helper_exit);
 MODULE_LICENSE("GPL");
-MODULE_DESCRIPTION("cxlssd guest kernel helper: transparent context switching on long-delay answers");
+MODULE_DESCRIPTION("cxlssd guest kernel helper: transparent context switching on long-delay answers, promotion wake-ups");

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 GUEST_DIR = "/opt/cxlssd-kmod"
 MODULE_NAME = "cxlssd_helper"
 DEVICE = "/dev/cxlssd_helper"
+PROMOTE_DEVICE = "/dev/cxlssd_promote"  # the promotion daemon waits here
 COMMAND_TIMEOUT_S = 60.0
 DMESG_LINES = 8
 
@@ -85,7 +86,8 @@ def unload_helper(guest: GuestSSH) -> None:
     if status != 0 or is_loaded(guest):
         raise GuestError(
             f"the guest kernel helper did not unload ({err.decode(errors='replace').strip()}); "
-            f"a process may still hold {DEVICE} open: stop it (fuser {DEVICE}) and rmmod {MODULE_NAME}"
+            f"a process may still hold {DEVICE} or {PROMOTE_DEVICE} open (a promotion daemon, "
+            f"cxlssd-promote): stop it (fuser {DEVICE} {PROMOTE_DEVICE}) and rmmod {MODULE_NAME}"
         )
 
 

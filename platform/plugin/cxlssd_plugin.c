@@ -143,6 +143,8 @@ static struct {
     uint64_t *clock_seq;  /* per vCPU: clock reads so far */
     uint64_t *query_seq;  /* per vCPU: queries sent to the firmware so far */
     uint8_t *query_state; /* per vCPU: QUERY_NONE / ARMED (marker seen) / SENT */
+    uint64_t *promote_due_ps; /* per vCPU: its modelled time of the next look at the mailbox */
+    uint8_t *promote_due;     /* per vCPU: a device request passed that time */
     /* Promoted pages: RAM page number -> device page + 1 (0: not promoted), grown on demand. */
     uint32_t *promoted;
     uint64_t promoted_cap, n_promoted;
@@ -415,8 +417,23 @@ static void ring_publish(struct cxlssd_request *rec, uint64_t time_ps, uint64_t 
  * at once can start the next translation block before the interrupt is pending, and
  * the kernel reacts a block late. Held this much longer, it (nearly) never is. */
 #define DOORBELL_GRACE_NS 20000ULL
-static int doorbell_fd = -1;
-static uint64_t doorbell_rings, doorbell_timeouts, doorbell_wait_ns, doorbell_max_wait_ns;
+/* A vector of the doorbell the plugin rings: its eventfd and the host time ringing cost. */
+struct doorbell {
+    int fd;
+    uint64_t rings, timeouts, wait_ns, max_wait_ns;
+};
+static struct doorbell switch_bell = {.fd = -1};
+/* Promotion (docs/host-os.md): with promote_fd=N (vector 1's eventfd) and a firmware that
+ * promotes, decisions reach the guest at points fixed by its execution. At its first device
+ * request after every PROMOTE_CHECK_PS of a vCPU's modelled time, the vCPU waits until the
+ * firmware has served every request so far, so the mailbox holds all their decisions
+ * however far the firmware lagged in host time; if decisions came since the last ring, the
+ * plugin rings vector 1 and holds the vCPU as for a switch, and the kernel helper wakes the
+ * promotion daemon at the next block boundary. 100 us is ours: the interval the daemon
+ * polled at before. */
+#define PROMOTE_CHECK_PS 100000000ULL
+static struct doorbell promote_bell = {.fd = -1};
+static uint64_t promote_checks, promote_rung_head = UINT64_MAX;
 static const struct cxlssd_pv_header *pv_header;
 /* cache_map=PATH: per device page, its SSD DRAM slot or -1, published by the firmware: only
  * reads of pages not cached may be long, so only they are asked about (a round trip to the
@@ -429,7 +446,7 @@ static uint64_t cache_map_pages;
  * marker before it): a page that may be long under a design that switches. */
 static inline int implicit_query(unsigned int vcpu, uint64_t addr)
 {
-    if (doorbell_fd < 0 || vcpu >= P.n_pv || P.query_state[vcpu] != QUERY_NONE ||
+    if (switch_bell.fd < 0 || vcpu >= P.n_pv || P.query_state[vcpu] != QUERY_NONE ||
         !(LOAD_RELAXED(&pv_header->features) & CXLSSD_FEATURE_CONTEXT_SWITCH)) {
         return 0;
     }
@@ -465,6 +482,9 @@ static void device_request(unsigned int vcpu, struct cxlssd_vcpu_slot *s, const 
         P.query_state[vcpu] = QUERY_IMPLICIT;
     }
     ring_publish(rec, now_ps, addr, vcpu, LINE_BYTES, op, flags);
+    if (promote_bell.fd >= 0 && vcpu < P.n_pv && now_ps >= P.promote_due_ps[vcpu]) {
+        P.promote_due[vcpu] = 1;
+    }
 }
 
 /* An LLC miss on a promoted page: DRAM serves it (the local clock already has
@@ -632,6 +652,7 @@ static inline void mem_access(unsigned int vcpu, qemu_plugin_meminfo_t info, uin
 }
 
 static void answer_query(unsigned int vcpu);
+static void look_at_mailbox(unsigned int vcpu, int idle);
 
 static void on_mem(unsigned int vcpu, qemu_plugin_meminfo_t info, uint64_t vaddr, void *userdata)
 {
@@ -642,6 +663,9 @@ static void on_mem(unsigned int vcpu, qemu_plugin_meminfo_t info, uint64_t vaddr
     mem_access(vcpu, info, vaddr);
     if (__builtin_expect(P.query_state != NULL && P.query_state[vcpu] != QUERY_NONE, 0)) {
         answer_query(vcpu);
+    }
+    if (__builtin_expect(P.promote_due != NULL && vcpu < P.n_pv && P.promote_due[vcpu], 0)) {
+        look_at_mailbox(vcpu, 0);
     }
 }
 
@@ -675,17 +699,22 @@ static int await_answer(const uint64_t *answer, uint64_t seq)
     return 1;
 }
 
-static void ring_doorbell(void)
+/* Ring `bell`; with `hold`, keep the vCPU until QEMU has taken the ring (not from a vCPU
+ * that idles: it holds QEMU's global lock there, which the main loop needs to take it). */
+static void ring_doorbell(struct doorbell *bell, int hold)
 {
     uint64_t one = 1, start = now_ns();
-    if (write(doorbell_fd, &one, sizeof one) != (ssize_t)sizeof one) {
+    if (write(bell->fd, &one, sizeof one) != (ssize_t)sizeof one) {
         return;
     }
-    doorbell_rings++;
-    struct pollfd pending = {.fd = doorbell_fd, .events = POLLIN};
+    bell->rings++;
+    if (!hold) {
+        return;
+    }
+    struct pollfd pending = {.fd = bell->fd, .events = POLLIN};
     while (poll(&pending, 1, 0) == 1 && (pending.revents & POLLIN)) {
         if (now_ns() - start > DOORBELL_TIMEOUT_NS) {
-            if (doorbell_timeouts++ == 0) {
+            if (bell->timeouts++ == 0) {
                 fputs("cxlssd plugin: QEMU did not take a doorbell ring within 100 ms\n", stderr);
             }
             break;
@@ -696,8 +725,54 @@ static void ring_doorbell(void)
         __builtin_ia32_pause();
     }
     uint64_t waited_ns = now_ns() - start; /* host time the vCPU was held (emulation cost, not a result) */
-    doorbell_wait_ns += waited_ns;
-    doorbell_max_wait_ns = waited_ns > doorbell_max_wait_ns ? waited_ns : doorbell_max_wait_ns;
+    bell->wait_ns += waited_ns;
+    bell->max_wait_ns = waited_ns > bell->max_wait_ns ? waited_ns : bell->max_wait_ns;
+}
+
+/* Wait until the firmware has served every request published so far; 0 if it was lost. */
+static int ring_served(void)
+{
+    const uint64_t published = P.ring_head;
+    uint64_t start = now_ns(), spins = 0;
+    while (__atomic_load_n(&P.ring->tail, __ATOMIC_ACQUIRE) < published) {
+        if (++spins < 1024) {
+            __builtin_ia32_pause();
+        } else if (consumer_lost(start, spins)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* A look at the mailbox (see promote_bell): PROMOTE_CHECK_PS after the last, or when the
+ * vCPU idles (`idle`: nothing else would ring for the decisions of its last requests). */
+static void look_at_mailbox(unsigned int vcpu, int idle)
+{
+    if (!idle) {
+        P.promote_due[vcpu] = 0;
+        P.promote_due_ps[vcpu] = LOAD_RELAXED(&P.vslots[vcpu].local_ps) + PROMOTE_CHECK_PS;
+    }
+    if (!(LOAD_RELAXED(&pv_header->features) & CXLSSD_FEATURE_PROMOTION) || P.ring_given_up) {
+        return;
+    }
+    if (P.shared) {
+        llc_lock(); /* P.ring_head is the producers' */
+    }
+    const int served = ring_served();
+    if (P.shared) {
+        llc_unlock();
+    }
+    if (!served) {
+        return;
+    }
+    promote_checks++;
+    const struct cxlssd_pv_mailbox *box =
+        (const struct cxlssd_pv_mailbox *)((const uint8_t *)pv_header + pv_header->mailbox_offset);
+    const uint64_t head = __atomic_load_n(&box->head, __ATOMIC_ACQUIRE);
+    if (head != LOAD_RELAXED(&box->tail) && head != promote_rung_head) {
+        promote_rung_head = head;
+        ring_doorbell(&promote_bell, !idle);
+    }
 }
 
 /* The access after a query marker has happened: if it went to the device, wait
@@ -712,7 +787,7 @@ static void answer_query(unsigned int vcpu)
         uint64_t ticket = ++P.query_seq[vcpu];
         if (await_answer(&slot->query_ticket, ticket)) {
             if (state == QUERY_IMPLICIT && __atomic_load_n(&slot->query_long, __ATOMIC_ACQUIRE)) {
-                ring_doorbell();
+                ring_doorbell(&switch_bell, 1);
             }
             return;
         }
@@ -896,7 +971,10 @@ static void after_reset(qemu_plugin_id_t id)
              * it knows of no promoted page. */
             if (P.query_seq != NULL) {
                 memset(P.query_seq, 0, P.n_pv * sizeof *P.query_seq);
+                memset(P.promote_due_ps, 0, P.n_pv * sizeof *P.promote_due_ps);
+                memset(P.promote_due, 0, P.n_pv);
             }
+            promote_rung_head = UINT64_MAX;
             if (P.promoted != NULL) {
                 memset(P.promoted, 0, P.promoted_cap * sizeof *P.promoted);
                 P.n_promoted = 0;
@@ -973,6 +1051,9 @@ static void on_vcpu_idle(qemu_plugin_id_t id, unsigned int vcpu)
     (void)id;
     refresh_insns(vcpu);
     poll_requests();
+    if (promote_bell.fd >= 0 && P.active && P.ring != NULL && vcpu < P.n_pv) {
+        look_at_mailbox(vcpu, 1);
+    }
 }
 
 /* The JSON has the counters and the local clock, which follows them in a slot. */
@@ -1035,12 +1116,20 @@ static int write_json(const char *path)
                 ", \"wait_ns\": %" PRIu64 ", \"producer_state\": %u}",
                 P.ring->head, P.ring->dropped, P.ring->full_waits, P.ring->wait_ns, P.ring->producer_state);
     }
-    if (doorbell_fd >= 0) {
-        /* host time the vCPUs were held for QEMU to take a ring: emulation cost, not a result */
-        fprintf(f,
-                ",\n  \"doorbell\": {\"rings\": %" PRIu64 ", \"not_taken_within_100ms\": %" PRIu64
-                ", \"host_wait_ns\": %" PRIu64 ", \"host_wait_max_ns\": %" PRIu64 "}",
-                doorbell_rings, doorbell_timeouts, doorbell_wait_ns, doorbell_max_wait_ns);
+    /* host time the vCPUs were held for QEMU to take a ring: emulation cost, not a result */
+    const struct doorbell *bells[] = {&switch_bell, &promote_bell};
+    const char *const names[] = {"doorbell", "promote_doorbell"};
+    for (size_t i = 0; i < 2; i++) {
+        if (bells[i]->fd >= 0) {
+            fprintf(f,
+                    ",\n  \"%s\": {\"rings\": %" PRIu64 ", \"not_taken_within_100ms\": %" PRIu64
+                    ", \"host_wait_ns\": %" PRIu64 ", \"host_wait_max_ns\": %" PRIu64,
+                    names[i], bells[i]->rings, bells[i]->timeouts, bells[i]->wait_ns, bells[i]->max_wait_ns);
+            if (bells[i] == &promote_bell) {
+                fprintf(f, ", \"mailbox_looks\": %" PRIu64, promote_checks);
+            }
+            fputc('}', f);
+        }
     }
     fprintf(f, "\n}\n");
     if (fclose(f) != 0) {
@@ -1238,7 +1327,10 @@ static int setup_pv(const char *path, unsigned int vcpu_slots)
     P.clock_seq = calloc(P.n_pv ? P.n_pv : 1, sizeof *P.clock_seq);
     P.query_seq = calloc(P.n_pv ? P.n_pv : 1, sizeof *P.query_seq);
     P.query_state = calloc(P.n_vslots > P.n_pv ? P.n_vslots : P.n_pv ? P.n_pv : 1, 1);
-    if (P.clock_seq == NULL || P.query_seq == NULL || P.query_state == NULL) {
+    P.promote_due_ps = calloc(P.n_pv ? P.n_pv : 1, sizeof *P.promote_due_ps);
+    P.promote_due = calloc(P.n_pv ? P.n_pv : 1, 1);
+    if (P.clock_seq == NULL || P.query_seq == NULL || P.query_state == NULL || P.promote_due_ps == NULL ||
+        P.promote_due == NULL) {
         return bad_arg("pv", "out of memory");
     }
     struct cxlssd_pv_header *h = (struct cxlssd_pv_header *)map;
@@ -1306,8 +1398,8 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
     uint64_t timeout_ms = DEFAULT_RING_TIMEOUT_MS, insn_ps = DEFAULT_INSN_PS, dram_ps = DEFAULT_DRAM_PS;
     uint64_t ram_top = MAX_RAM_TOP;
     int seen_llc = 0, seen_ways = 0, seen_records = 0, seen_timeout = 0, seen_ps = 0, seen_dram = 0;
-    int seen_ram_top = 0, seen_doorbell = 0;
-    uint64_t doorbell = 0;
+    int seen_ram_top = 0, seen_doorbell = 0, seen_promote = 0;
+    uint64_t doorbell = 0, promote = 0;
     const char *mode = NULL;
     const char *cache_map_path = NULL;
     for (int i = 0; i < argc; i++) {
@@ -1378,6 +1470,7 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
                 {"dram_ps", &dram_ps, &seen_dram},
                 {"ram_top", &ram_top, &seen_ram_top},
                 {"doorbell_fd", &doorbell, &seen_doorbell},
+                {"promote_fd", &promote, &seen_promote},
             };
             size_t k = 0;
             while (k < sizeof numbers / sizeof *numbers && !key_is(arg, key_len, numbers[k].key)) {
@@ -1385,7 +1478,7 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
             }
             if (k == sizeof numbers / sizeof *numbers) {
                 return bad_arg(arg, "unknown key (expected out, shm, window, llc, llc_ways, ring, "
-                                    "ring_records, ring_timeout_ms, insn_ps, dram_ps, ram_top, mode, pv, doorbell_fd or cache_map)");
+                                    "ring_records, ring_timeout_ms, insn_ps, dram_ps, ram_top, mode, pv, doorbell_fd, promote_fd or cache_map)");
             }
             if (*numbers[k].seen || parse_u64(value, value_end, numbers[k].value) != 0) {
                 return bad_arg(arg, "must be given once, with a number");
@@ -1423,7 +1516,14 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
     if (seen_doorbell && pv_path == NULL) {
         return bad_arg("doorbell_fd", "needs pv= (the answers of the queries it rings for)");
     }
-    doorbell_fd = seen_doorbell ? (int)doorbell : -1;
+    if (seen_promote && (promote > INT32_MAX || fcntl((int)promote, F_GETFD) < 0)) {
+        return bad_arg("promote_fd", "must be an open descriptor QEMU inherited (an eventfd)");
+    }
+    if (seen_promote && (pv_path == NULL || ring_path == NULL)) {
+        return bad_arg("promote_fd", "needs pv= and ring= (the mailbox, the requests it waits for)");
+    }
+    switch_bell.fd = seen_doorbell ? (int)doorbell : -1;
+    promote_bell.fd = seen_promote ? (int)promote : -1;
     if (cache_map_path != NULL && setup_cache_map(cache_map_path) != 0) {
         return -1;
     }

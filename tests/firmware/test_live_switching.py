@@ -219,7 +219,10 @@ def test_the_pv_page_carries_features_answers_and_the_mailbox(tmp_path: Path) ->
         assert not page.post(9, demote=False)  # full until the guest moves its tail
         assert words[256 + 8 : 256 + 12].tolist() == [0, 1, 2, 3 | protocol.PV_DEMOTE]
         words[257] = 1
+        assert not page.post(9, demote=False, consumed=0)  # room as the caller knew it
         assert page.post(9, demote=False) and words[256 + 8] == 9
+        words[258] = 5  # taken out (and not yet carried out): free too
+        assert page.post(10, demote=False, consumed=9) and page.consumed() == 5
     assert header[6] == 0  # closed: the guest sees no firmware
 
 
@@ -244,8 +247,10 @@ def test_the_mailbox_drops_promotions_when_full_and_holds_demotions(tmp_path: Pa
         assert controller.pending_promotions().tolist() == [1, 2]
         mailbox.post(9, demote=True)  # a demotion waits for room
         assert mailbox.stats()["demotions_waiting"] == 1
-        words[257] = 2  # the daemon took both
+        words[258] = 2  # the daemon took both out (its `taken`)...
         mailbox.flush()
+        assert mailbox.stats()["demotions_waiting"] == 1  # ... unknown to the firmware until
+        mailbox.reported()  # its first report, a point of the request stream
         assert mailbox.stats()["demotions_waiting"] == 0 and words[256 + 8] == 9 | protocol.PV_DEMOTE
 
 

@@ -159,7 +159,8 @@ def test_a_refused_load_and_a_busy_unload_name_the_problem_and_leave_nothing_loa
     # A reader keeps the module: rmmod fails and says why; once it is gone, it unloads.
     guest.run(["sh", "-c", f"(exec 3<{DEVICE}; sleep 4) >/dev/null 2>&1 &"], check=True)
     time.sleep(1)
-    with pytest.raises(GuestError, match=r"did not unload .*still hold /dev/cxlssd_helper open"):
+    busy = r"did not unload .*still hold /dev/cxlssd_helper or /dev/cxlssd_promote open"
+    with pytest.raises(GuestError, match=busy):
         unload_helper(guest)
     time.sleep(5)
     unload_helper(guest)
@@ -193,3 +194,52 @@ def test_a_doorbell_rung_by_the_plugin_reaches_the_kernel_within_one_translation
     # 8 of 32 at the entry, 21 one block late, 3 beyond).
     assert skids[0] <= 300
     assert sum(skid <= DOORBELL_SKID_BOUND for skid in skids) >= 0.8 * len(skids)
+
+
+# A hot set larger than the LLC, inside the SSD DRAM, in a footprint twice that DRAM,
+# promoted after two hits (as in tests/platform/test_os_codesign.py, smaller).
+PROMOTING = ("ssd_dram.size_bytes=8MiB", "write_log.size_bytes=1MiB", "migration.policy=fixed",
+             "migration.initial_threshold=2")
+HOT_READS = ["randread", "--footprint", "16M", "--reads", "10000", "--hot", "4M", "--hot-share", "0.98",
+             "--warm-reads", "50000"]
+HOT_PAGES = 1024
+
+
+@pytest.mark.guest
+def test_promotion_is_rung_by_the_plugin_and_polled_without_the_helper(
+    guest_with_helper: object, helper_tree: Path,
+) -> None:
+    """Under a design that promotes, the plugin rings the doorbell's vector 1 when the mailbox
+    got decisions and the helper wakes the daemon; without the helper the daemon polls. The
+    hot pages reach node 0 either way."""
+    import re
+
+    from cxlssd.host_os.kmod.load import helper_stats, load_helper, unload_helper
+
+    platform = guest_with_helper
+    guest = platform.guest()  # type: ignore[attr-defined]
+
+    def promote() -> tuple[dict[str, object], str]:
+        with platform.attach("skybyte-p", PROMOTING) as session:  # type: ignore[attr-defined]
+            _, out, err = session.run(HOT_READS, check=True)
+        report = json.loads(out)
+        assert report["check_ok"] and report["mismatches"] == 0
+        return report, err.decode(errors="replace")
+
+    rings_before = helper_stats(guest)["promote_rings"]
+    report, err = promote()
+    woken = re.search(r"(\d+) promoted, .* woken (\d+) times by the kernel helper\n", err)
+    print(f"rung: {err.strip()}; {report['hot_pages_on_node0']} hot pages on node 0")
+    assert woken is not None and int(woken[1]) > 0 and int(woken[2]) > 0, err
+    stats = helper_stats(guest)
+    assert stats["promote_irq"] == 1 and stats["promote_rings"] - rings_before >= int(woken[2])
+    assert report["hot_pages_on_node0"] >= 0.9 * HOT_PAGES
+
+    unload_helper(guest)
+    try:
+        report, err = promote()
+    finally:
+        load_helper(guest, helper_tree)
+    print(f"polled: {err.strip()}; {report['hot_pages_on_node0']} hot pages on node 0")
+    assert "woken 0 times by the kernel helper (polled the mailbox: no /dev/cxlssd_promote)" in err
+    assert report["hot_pages_on_node0"] >= 0.9 * HOT_PAGES
