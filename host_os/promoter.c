@@ -192,10 +192,9 @@ static uint64_t virtual_page(uint64_t page)
     /* The child mapped new memory since the last look, or the page is not the child's
      * (the kernel's, one freed by a promotion): look again, once a batch, at most every
      * SCAN_INTERVAL_MS, and only if the child faulted since: a scan is work on the
-     * guest's vCPU too (a 32 MiB child: ~1.7 M instructions), and one every 100 ms of a
-     * child that no longer faults (for pages moved by compaction, rarely) fell inside
-     * the ROI of some runs of the same program and not of others (measured: 2.0 or
-     * 3.3-3.5 ms, +2 M instructions, for the hot-set read under skybyte-p). */
+     * guest's vCPU too (a 32 MiB child: ~1.7 M instructions; one inside an ROI made the
+     * hot-set read under skybyte-p 3.2 ms instead of 2.0, docs/host-os.md), and a child
+     * that does not fault rarely has pages moved under it (compaction). */
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     const long since_ms = (now.tv_sec - D.last_scan.tv_sec) * 1000 + (now.tv_nsec - D.last_scan.tv_nsec) / 1000000;
