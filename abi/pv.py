@@ -128,14 +128,14 @@ class PvPage(Lifecycle):
         words, box = self._words(), self._header("mailbox_offset") // 8
         return max(int(words[box + _TAIL]), int(words[box + _TAKEN]))
 
-    def post(self, page: int, demote: bool, consumed: int | None = None) -> bool:
+    def post(self, page: int, demote: bool, consumed: int) -> bool:
         """Post a decision to the mailbox; False (nothing posted) when it is full.
         ``consumed``: the guest's :meth:`consumed` as the caller last knew it (a value of
         the request stream's order, see ``Mailbox``); never more than the page shows."""
         words = self._words()
         box, entries = self._header("mailbox_offset") // 8, self._header("mailbox_entries")
-        head, now = int(words[box + _HEAD]), self.consumed()
-        if head - (now if consumed is None else min(consumed, now)) >= entries:
+        head = int(words[box + _HEAD])
+        if head - min(consumed, self.consumed()) >= entries:
             return False
         words[box + PV_MAILBOX_DTYPE.itemsize // 8 + head % entries] = page | (PV_DEMOTE if demote else 0)
         words[box + _HEAD] = head + 1  # after the entry: the daemon reads up to head

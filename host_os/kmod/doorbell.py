@@ -9,8 +9,9 @@ raises the vector's MSI-X interrupt in the guest when one is written; the server
 them, so :meth:`DoorbellServer.ring` (or any process given the descriptor) rings it.
 
 The platform runs one per guest (``Platform.doorbell``, the socket in the instance's
-private runtime directory) and gives vector 0's eventfd to the TCG plugin, which rings
-it on a long-delay answer (docs/host-os.md).
+private runtime directory) with two vectors and gives both eventfds to the TCG plugin,
+which rings vector 0 on a long-delay answer and vector 1 when the promotion mailbox got
+decisions (docs/host-os.md).
 """
 
 from __future__ import annotations

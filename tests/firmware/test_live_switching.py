@@ -215,12 +215,12 @@ def test_the_pv_page_carries_features_answers_and_the_mailbox(tmp_path: Path) ->
         assert header[6] == 3 and header[7] == 1
         page.answer_query(1, ticket=5, long_delay=True, ready_ns=1234)
         assert words[(64 + 64) // 8 + 2 : (64 + 64) // 8 + 5].tolist() == [1234, 1, 5]
-        assert all(page.post(p, demote=p == 3) for p in range(4))
-        assert not page.post(9, demote=False)  # full until the guest moves its tail
+        assert all(page.post(p, demote=p == 3, consumed=page.consumed()) for p in range(4))
+        assert not page.post(9, demote=False, consumed=page.consumed())  # full until the guest moves its tail
         assert words[256 + 8 : 256 + 12].tolist() == [0, 1, 2, 3 | protocol.PV_DEMOTE]
         words[257] = 1
         assert not page.post(9, demote=False, consumed=0)  # room as the caller knew it
-        assert page.post(9, demote=False) and words[256 + 8] == 9
+        assert page.post(9, demote=False, consumed=page.consumed()) and words[256 + 8] == 9
         words[258] = 5  # taken out (and not yet carried out): free too
         assert page.post(10, demote=False, consumed=9) and page.consumed() == 5
     assert header[6] == 0  # closed: the guest sees no firmware
