@@ -6,8 +6,9 @@
  * Runs COMMAND as a child and, while it runs, carries out the attached firmware's
  * promotion decisions on the child's pages: the firmware posts "promote device page P"
  * and "demote device page P" into the mailbox of the paravirtual page; this daemon finds
- * the child's virtual page that P backs (the CXL region's physical range and the child's
- * /proc/PID/pagemap), moves it with move_pages(2) to node 0 (promotion) or back to the
+ * the child's virtual page that P backs (the kernel helper answers where the child maps a
+ * physical page, checked against /proc/PID/pagemap; without the helper, a scan of the
+ * child's page map), moves it with move_pages(2) to node 0 (promotion) or back to the
  * CXL node (demotion), and reports each move to the firmware with a marker (PROMOTED:
  * P and the page's new physical address in RAM, so the plugin can count the LLC misses
  * the promoted page serves; DEMOTED; PROMOTE_FAILED when the page is gone). The kernel
@@ -40,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -47,6 +49,7 @@
 #include <unistd.h>
 
 #include "cxlssd.h"
+#include "kmod/cxlssd_promote.h"
 
 #define PAGE_SHIFT 12
 #define MPOL_MF_MOVE (1 << 1)
@@ -75,6 +78,7 @@ static void forward_signal(int signum)
 static struct {
     pid_t pid;
     int pagemap;
+    int helper;     /* /dev/cxlssd_promote: its wake-ups and where pages are mapped, or -1 */
     int kpagecount; /* /proc/kpagecount: how many mappings each physical page has, or -1 */
     uint64_t first_pfn, last_pfn; /* the CXL region's pages */
     uint64_t *va_of;        /* CXL page (pfn - first_pfn) -> the child's virtual page, 0 if none
@@ -83,7 +87,8 @@ static struct {
     uint64_t faults_at_scan; /* the child's page faults when the map was last rebuilt */
     int cxl_node; /* where demoted pages go */
     int looked;   /* the map was rebuilt, or found current, during this batch of decisions */
-    uint64_t promoted, demoted, failed, scans, wakeups;
+    int reopened; /* the pagemap was opened again during this batch */
+    uint64_t promoted, demoted, failed, scans, wakeups, asked;
     uint64_t unmapped; /* of the failed: the page was not (or no longer) the child's */
     uint64_t *promoted_page, *promoted_va; /* device page -> its virtual page, while promoted */
     uint64_t n_promoted, cap_promoted;
@@ -97,16 +102,23 @@ static uint64_t pagemap_entry(uint64_t va)
     return entry;
 }
 
-/* Rebuild the map of the child's present pages that lie in the CXL region. The
- * pagemap is opened again each time: an open pagemap keeps reading the address space
- * the child had when it was opened, and the child execs (numactl, then the program). */
-static void scan(void)
+/* An open pagemap keeps reading the address space the child had when it was opened,
+ * and the child execs (numactl, then the program): opened again before each scan, and
+ * when a page the kernel helper names is not found. */
+static void open_pagemap(void)
 {
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/pagemap", (int)D.pid);
     if (D.pagemap >= 0)
         close(D.pagemap);
     D.pagemap = open(path, O_RDONLY | O_CLOEXEC);
+}
+
+/* Rebuild the map of the child's present pages that lie in the CXL region. */
+static void scan(void)
+{
+    char path[64];
+    open_pagemap();
     snprintf(path, sizeof path, "/proc/%d/maps", (int)D.pid);
     FILE *maps = fopen(path, "r");
     if (maps == NULL || D.pagemap < 0) {
@@ -175,6 +187,33 @@ static uint64_t child_faults(void)
     return minflt + majflt;
 }
 
+/* Of the kernel helper's answer, the address that maps `pfn` in the child now, or 0. */
+static uint64_t checked(const struct cxlssd_where *where, uint64_t pfn)
+{
+    for (uint32_t i = 0; i < where->found && i < CXLSSD_WHERE_MAX; i++)
+        if ((pagemap_entry(where->va[i]) & PFN_MASK) == pfn)
+            return where->va[i];
+    return 0;
+}
+
+/* The child's virtual page that physical page `pfn` backs, asked of the kernel helper:
+ * the page's address, 0 if the child does not map it, UINT64_MAX if the helper cannot
+ * tell (absent, or a kind of page it does not place) and the page map must be read. */
+static uint64_t ask_helper(uint64_t pfn)
+{
+    struct cxlssd_where where = {.pid = D.pid, .pfn = pfn};
+    if (D.helper < 0 || ioctl(D.helper, CXLSSD_PROMOTE_WHERE, &where) != 0)
+        return UINT64_MAX;
+    D.asked++;
+    uint64_t va = checked(&where, pfn);
+    if (va == 0 && where.found > 0 && !D.reopened) { /* the child exec'd since the pagemap was opened */
+        D.reopened = 1;
+        open_pagemap();
+        va = checked(&where, pfn);
+    }
+    return va;
+}
+
 /* The child's virtual page that device page `page` backs, or 0. */
 static uint64_t virtual_page(uint64_t page)
 {
@@ -184,6 +223,12 @@ static uint64_t virtual_page(uint64_t page)
     uint64_t va = D.va_of[pfn - D.first_pfn];
     if (va != 0 && (pagemap_entry(va) & PFN_MASK) == pfn)
         return va;
+    va = ask_helper(pfn);
+    if (va != UINT64_MAX) {
+        if (va != 0)
+            D.va_of[pfn - D.first_pfn] = va;
+        return va;
+    }
     /* Mapped by no one (most often a page a promotion freed): no scan can find it. */
     uint64_t mappings = 1;
     if (D.kpagecount >= 0 && pread(D.kpagecount, &mappings, sizeof mappings, (off_t)pfn * 8) == sizeof mappings &&
@@ -309,7 +354,7 @@ static unsigned drain(volatile unsigned long long *pv)
     for (uint64_t at = tail; at != head && done < MAX_BATCH; at++)
         batch[done++] = box->entries[at % entries];
     box->taken = tail + done;
-    D.looked = 0;
+    D.looked = D.reopened = 0;
     /* demotions first (they make room), promotions in one batch */
     for (unsigned i = 0; i < done; i++) {
         if (batch[i] & CXLSSD_PV_DEMOTE)
@@ -387,12 +432,12 @@ int main(int argc, char **argv)
     D.pagemap = -1;
     D.kpagecount = open("/proc/kpagecount", O_RDONLY | O_CLOEXEC);
     /* The kernel helper's wake-ups, and the child's exit as a descriptor to wait on beside
-     * them; without either, the timed polls. */
-    int rung = open("/dev/cxlssd_promote", O_RDONLY | O_CLOEXEC);
-    const int child_exit = rung >= 0 ? (int)syscall(SYS_pidfd_open, child, 0) : -1;
-    if (rung >= 0 && child_exit < 0) {
-        close(rung);
-        rung = -1;
+     * them; without either, the timed polls and the page-map scans. */
+    D.helper = open("/dev/cxlssd_promote", O_RDONLY | O_CLOEXEC);
+    const int child_exit = D.helper >= 0 ? (int)syscall(SYS_pidfd_open, child, 0) : -1;
+    if (D.helper >= 0 && child_exit < 0) {
+        close(D.helper);
+        D.helper = -1;
     }
     int status = 0;
     unsigned backoff = 1;
@@ -404,16 +449,16 @@ int main(int argc, char **argv)
             backoff = 1;
         else if (backoff < MAX_BACKOFF)
             backoff *= 2;
-        if (rung >= 0) {
-            struct pollfd wait_for[2] = {{.fd = rung, .events = POLLIN}, {.fd = child_exit, .events = POLLIN}};
+        if (D.helper >= 0) {
+            struct pollfd wait_for[2] = {{.fd = D.helper, .events = POLLIN}, {.fd = child_exit, .events = POLLIN}};
             uint64_t rings;
             if (poll(wait_for, 2, -1) > 0 && (wait_for[0].revents & POLLIN)) {
-                const ssize_t got = read(rung, &rings, sizeof rings);
+                const ssize_t got = read(D.helper, &rings, sizeof rings);
                 if (got == (ssize_t)sizeof rings) {
                     D.wakeups++;
-                } else if (got == 0) { /* the helper is going: poll from here on */
-                    close(rung);
-                    rung = -1;
+                } else if (got == 0) { /* the helper is going: poll and scan from here on */
+                    close(D.helper);
+                    D.helper = -1;
                 }
             }
             continue;
@@ -424,8 +469,9 @@ int main(int argc, char **argv)
         nanosleep(&pause, NULL);
     }
     fprintf(stderr, "cxlssd-promote: %" PRIu64 " promoted, %" PRIu64 " demoted, %" PRIu64 " failed (%" PRIu64
-                    " not mapped), %" PRIu64 " scans, woken %" PRIu64 " times by the kernel helper%s\n",
+                    " not mapped), %" PRIu64 " scans, woken %" PRIu64 " times by the kernel helper%s, %" PRIu64
+                    " pages located by it\n",
             D.promoted, D.demoted, D.failed, D.unmapped, D.scans, D.wakeups,
-            rung >= 0 ? "" : " (polled the mailbox: no /dev/cxlssd_promote)");
+            D.helper >= 0 ? "" : " (polled the mailbox: no /dev/cxlssd_promote)", D.asked);
     return exit_status(status);
 }

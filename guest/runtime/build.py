@@ -44,8 +44,10 @@ LIBM = ("m",)
 # What a workload links besides libm: tpcc SQLite (libsqlite3-dev on the host; -lsqlite3 records
 # the soname libsqlite3.so.0, which the guest's newer libsqlite3-0 provides).
 WORKLOAD_LIBRARIES = {"tpcc": ("sqlite3",)}
-# The guest OS's promotion daemon (host_os/, docs/host-os.md).
+# The guest OS's promotion daemon (host_os/, docs/host-os.md), and the kernel helper's
+# interface it uses (included relative to the source).
 PROMOTER_SOURCE = "../../host_os/promoter.c"
+PROMOTER_HEADER = "../../host_os/kmod/cxlssd_promote.h"
 # The kernel helper's skid probe (host_os/kmod/, experiments/kmod_skid.py): a user program.
 SKIDPROBE_SOURCE = "../../host_os/kmod/skidprobe.c"
 
@@ -103,6 +105,7 @@ INPUTS = (
     NETKV,
     WORKLOAD_HEADER,
     PROMOTER_SOURCE,
+    PROMOTER_HEADER,
     SKIDPROBE_SOURCE,
     *(workload_source(name) for name in WORKLOADS),
 )

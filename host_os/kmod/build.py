@@ -44,7 +44,7 @@ ABI_HEADER = SOURCE_DIR.parent.parent / "abi" / "cxlssd_abi.h"
 SUITE = "trixie"
 # The headers package pulls linux-kbuild and the compiler the kernel was built with.
 BUILD_PACKAGES = ("gcc", "make", "libc6-dev", "libelf-dev", "binutils")
-MODULE_SOURCES = ("cxlssd_helper.c", "Kbuild", "shim/stdint.h", "shim/stddef.h")
+MODULE_SOURCES = ("cxlssd_helper.c", "cxlssd_promote.h", "Kbuild", "shim/stdint.h", "shim/stddef.h")
 MODULE = "cxlssd_helper.ko"
 ROOT_KIND = "kmod-root"
 CACHE_KIND = "kmod"

@@ -34,7 +34,9 @@
  * promotion daemon blocked in read(2) of /dev/cxlssd_promote, which carries the decisions
  * out with move_pages(2) (the kernel does not export migrate_pages to modules). A read
  * returns the rings so far (u64) once there was one since the file's last read; the open
- * file holds the module (unloading is refused while the daemon runs).
+ * file holds the module (unloading is refused while the daemon runs). Its ioctl
+ * CXLSSD_PROMOTE_WHERE (cxlssd_promote.h) tells the daemon where the program maps the page
+ * a decision names, so the daemon need not read the program's whole page map for it.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -44,13 +46,19 @@
 #include <linux/hrtimer.h>
 #include <linux/interrupt.h>
 #include <linux/io.h>
+#include <linux/memory_hotplug.h>
 #include <linux/miscdevice.h>
+#include <linux/mm.h>
+#include <linux/mmap_lock.h>
 #include <linux/module.h>
+#include <linux/pagemap.h>
 #include <linux/pci.h>
 #include <linux/percpu.h>
 #include <linux/poll.h>
 #include <linux/sched.h>
+#include <linux/sched/mm.h>
 #include <linux/sched/stat.h>
+#include <linux/sched/task.h>
 #include <linux/slab.h>
 #include <linux/spinlock.h>
 #include <linux/task_work.h>
@@ -61,6 +69,7 @@
 #include <asm/msr.h>
 
 #include "cxlssd_abi.h"
+#include "cxlssd_promote.h"
 
 #define IVSHMEM_VENDOR 0x1af4
 #define IVSHMEM_DEVICE 0x1110
@@ -502,12 +511,85 @@ static __poll_t promote_poll(struct file *file, poll_table *wait)
 	return promote_ready(file->private_data) ? EPOLLIN | EPOLLRDNORM : 0;
 }
 
+/* The virtual pages of `mm` that may map `page`: the reverse map's arithmetic (a page's
+ * offset in its anonymous or file mapping against each VMA's offset), over this one
+ * process's VMAs. Nothing is pinned: the daemon checks each answer against the page map. */
+static u32 where_mapped(struct mm_struct *mm, struct page *page, u64 *va)
+{
+	struct folio *folio = page_folio(page);
+	const unsigned long mapping = (unsigned long)READ_ONCE(folio->mapping);
+	const bool anon = mapping & PAGE_MAPPING_ANON;
+	const pgoff_t pgoff = page_to_pgoff(page);
+	struct vm_area_struct *vma;
+	u32 found = 0;
+	VMA_ITERATOR(vmi, mm, 0);
+
+	for_each_vma(vmi, vma) {
+		if (anon ? !vma->anon_vma
+			 : !vma->vm_file || (unsigned long)vma->vm_file->f_mapping != mapping)
+			continue;
+		if (pgoff < vma->vm_pgoff || pgoff - vma->vm_pgoff >= vma_pages(vma))
+			continue;
+		va[found++] = vma->vm_start + ((pgoff - vma->vm_pgoff) << PAGE_SHIFT);
+		if (found == CXLSSD_WHERE_MAX)
+			break;
+	}
+	return found;
+}
+
+static long promote_where(struct cxlssd_where __user *arg)
+{
+	struct cxlssd_where where;
+	struct task_struct *task;
+	struct mm_struct *mm;
+	struct folio *folio;
+	struct page *page;
+	struct pid *pid;
+
+	if (copy_from_user(&where, arg, sizeof(where)))
+		return -EFAULT;
+	page = pfn_to_online_page(where.pfn);
+	if (!page)
+		return -EINVAL;
+	folio = page_folio(page);
+	if (folio_test_ksm(folio) || folio_test_hugetlb(folio))
+		return -EOPNOTSUPP; /* their offset is not the reverse map's */
+	pid = find_get_pid(where.pid);
+	task = get_pid_task(pid, PIDTYPE_PID);
+	put_pid(pid);
+	if (!task)
+		return -ESRCH;
+	mm = get_task_mm(task);
+	put_task_struct(task);
+	if (!mm)
+		return -ESRCH;
+	where.found = 0;
+	if (folio_mapped(folio)) { /* (an unmapped page: no process has it) */
+		if (mmap_read_lock_killable(mm)) {
+			mmput(mm);
+			return -EINTR;
+		}
+		where.found = where_mapped(mm, page, where.va);
+		mmap_read_unlock(mm);
+	}
+	mmput(mm);
+	return copy_to_user(arg, &where, sizeof(where)) ? -EFAULT : 0;
+}
+
+static long promote_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
+{
+	if (cmd != CXLSSD_PROMOTE_WHERE)
+		return -ENOTTY;
+	return promote_where((struct cxlssd_where __user *)arg);
+}
+
 static const struct file_operations promote_fops = {
 	.owner = THIS_MODULE,
 	.open = promote_open,
 	.release = promote_release,
 	.read = promote_read,
 	.poll = promote_poll,
+	.unlocked_ioctl = promote_ioctl,
 	.llseek = noop_llseek,
 };
 

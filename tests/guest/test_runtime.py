@@ -46,7 +46,8 @@ def sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     ignore = shutil.ignore_patterns("__pycache__")
     shutil.copytree(build.SOURCE_DIR, copy, ignore=ignore)
     shutil.copytree(build.SOURCE_DIR / build.WORKLOAD_SOURCES, copy / build.WORKLOAD_SOURCES, ignore=ignore)
-    for source in (build.PROMOTER_SOURCE, build.SKIDPROBE_SOURCE):  # the programs of host_os/
+    # the programs of host_os/ and the helper's interface the daemon includes
+    for source in (build.PROMOTER_SOURCE, build.PROMOTER_HEADER, build.SKIDPROBE_SOURCE):
         (copy / source).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(build.SOURCE_DIR / source, copy / source)
     (copy / build.ABI_HEADER).parent.mkdir()

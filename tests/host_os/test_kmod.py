@@ -210,8 +210,9 @@ def test_promotion_is_rung_by_the_plugin_and_polled_without_the_helper(
     guest_with_helper: object, helper_tree: Path,
 ) -> None:
     """Under a design that promotes, the plugin rings the doorbell's vector 1 when the mailbox
-    got decisions and the helper wakes the daemon; without the helper the daemon polls. The
-    hot pages reach node 0 either way."""
+    got decisions and the helper wakes the daemon and tells it where the program maps each
+    page (no scan of its page map); without the helper the daemon polls and scans. The hot
+    pages reach node 0 either way."""
     import re
 
     from cxlssd.host_os.kmod.load import helper_stats, load_helper, unload_helper
@@ -228,11 +229,15 @@ def test_promotion_is_rung_by_the_plugin_and_polled_without_the_helper(
 
     rings_before = helper_stats(guest)["promote_rings"]
     report, err = promote()
-    woken = re.search(r"(\d+) promoted, .* woken (\d+) times by the kernel helper\n", err)
+    summary = re.compile(r"(\d+) promoted, .* (\d+) scans, woken (\d+) times by the kernel helper.*, "
+                         r"(\d+) pages located by it\n")
+    woken = summary.search(err)
     print(f"rung: {err.strip()}; {report['hot_pages_on_node0']} hot pages on node 0")
-    assert woken is not None and int(woken[1]) > 0 and int(woken[2]) > 0, err
+    assert woken is not None, err
+    promoted, scans, wakeups, located = (int(group) for group in woken.groups())
+    assert promoted > 0 and wakeups > 0 and scans == 0 and located >= promoted, err
     stats = helper_stats(guest)
-    assert stats["promote_irq"] == 1 and stats["promote_rings"] - rings_before >= int(woken[2])
+    assert stats["promote_irq"] == 1 and stats["promote_rings"] - rings_before >= wakeups
     assert report["hot_pages_on_node0"] >= 0.9 * HOT_PAGES
 
     unload_helper(guest)
@@ -242,4 +247,6 @@ def test_promotion_is_rung_by_the_plugin_and_polled_without_the_helper(
         load_helper(guest, helper_tree)
     print(f"polled: {err.strip()}; {report['hot_pages_on_node0']} hot pages on node 0")
     assert "woken 0 times by the kernel helper (polled the mailbox: no /dev/cxlssd_promote)" in err
+    polled = summary.search(err)
+    assert polled is not None and int(polled[2]) > 0 and int(polled[4]) == 0, err
     assert report["hot_pages_on_node0"] >= 0.9 * HOT_PAGES
