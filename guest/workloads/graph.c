@@ -16,7 +16,11 @@
  *                 (the same levels);
  *   --kernel bc:  Brandes' betweenness centrality from --sources K sources (a scrambled
  *                 pick), forward BFS counting shortest paths, backward accumulation of
- *                 dependencies (pull from successors), scores summed over the sources.
+ *                 dependencies (pull from successors), scores summed over the sources;
+ *                 with --threads T, thread k takes sources k, k + T, ... with its own
+ *                 BFS state and scores, then the threads sum the scores, each over a
+ *                 part of the vertices, in thread order (so a run's result does not
+ *                 depend on the schedule; it may differ from one thread's in the last bits).
  * Self-check after the ROI (see check_levels and check_brandes). One JSON line on stdout;
  * exit 0, 1 if the check failed, 2 for a usage error.
  */
@@ -40,7 +44,7 @@ static const char USAGE[] =
     "  --footprint   pick the vertices so that the data (graph and kernel state) fits BYTES\n"
     "  --degree      mean degree: N*D/2 edges are generated (default 16)\n"
     "  --sources     bc: source vertices (default 4)\n"
-    "  --threads     bfs: POSIX threads sharing each level (default 1)\n" WL_COMMON_USAGE;
+    "  --threads     POSIX threads (default 1): bfs shares each level, bc the sources\n" WL_COMMON_USAGE;
 
 struct options {
     unsigned kernel; /* enum kernel */
@@ -60,7 +64,8 @@ static uint64_t bytes_per_vertex(const struct options *opt)
     const uint64_t csr = sizeof(uint64_t) + opt->degree * sizeof(uint32_t);
     if (opt->kernel == KERNEL_BFS) /* level, queue */
         return csr + sizeof(int32_t) + sizeof(uint32_t);
-    return csr + sizeof(int32_t) + 3 * sizeof(double) + sizeof(uint32_t); /* dist, sigma, delta, score, queue */
+    /* each thread's dist, sigma, delta, score, queue */
+    return csr + opt->threads * (sizeof(int32_t) + 3 * sizeof(double) + sizeof(uint32_t));
 }
 
 static uint64_t fixed_bytes(const struct options *opt)
@@ -84,8 +89,9 @@ static struct options parse_options(int argc, char **argv)
     if (opt.common.footprint != 0)
         opt.vertices = wl_footprint_items(&opt.common, "vertices", bytes_per_vertex(&opt), fixed_bytes(&opt),
                                           MIN_VERTICES, MAX_VERTICES);
-    if (opt.kernel == KERNEL_BC && opt.threads > 1)
-        wl_usage_error("--threads %" PRIu64 " is for --kernel bfs (bc runs in one thread)", opt.threads);
+    if (opt.kernel == KERNEL_BC && opt.threads > opt.sources)
+        wl_usage_error("--threads %" PRIu64 " is more than the %" PRIu64 " --sources (bc gives each thread sources)",
+                       opt.threads, opt.sources);
     if (opt.kernel == KERNEL_BC && opt.sources > opt.vertices)
         wl_usage_error("--sources %" PRIu64 " is more than the %" PRIu64 " vertices", opt.sources, opt.vertices);
     return opt;
@@ -193,8 +199,7 @@ static struct wl_json report_graph(const struct options *opt, const struct graph
     wl_json_u64(&j, "degree", opt->degree);
     if (opt->kernel == KERNEL_BC)
         wl_json_u64(&j, "sources", opt->sources);
-    else
-        wl_json_u64(&j, "threads", opt->threads);
+    wl_json_u64(&j, "threads", opt->threads);
     wl_report_data(&j, &opt->common);
     wl_json_u64(&j, "edges", g->offsets[g->n] / 2);
     return j;
@@ -330,13 +335,14 @@ struct brandes {
 };
 
 /*
- * Brandes, per source: reset the vertices the previous source reached, BFS counting the
- * shortest paths (sigma), then in reverse BFS order pull each vertex's dependency from its
- * successors, delta[v] = sigma[v] * sum over w (1 + delta[w]) / sigma[w], and add it to
- * the score. The last source's state stays for the check.
+ * Brandes, per source (sources[first], sources[first + stride], ... of `count`): reset the
+ * vertices the previous source reached, BFS counting the shortest paths (sigma), then in
+ * reverse BFS order pull each vertex's dependency from its successors,
+ * delta[v] = sigma[v] * sum over w (1 + delta[w]) / sigma[w], and add it to the score. The
+ * last source's state stays for the check.
  */
 __attribute__((noinline)) static void brandes(const struct graph *g, const uint32_t *sources, uint64_t count,
-                                              struct brandes *b)
+                                              uint64_t first, uint64_t stride, struct brandes *b)
 {
     const uint64_t *const offsets = g->offsets;
     const uint32_t *const adj = g->adj;
@@ -344,7 +350,7 @@ __attribute__((noinline)) static void brandes(const struct graph *g, const uint3
     double *const sigma = b->sigma, *const delta = b->delta, *const score = b->score;
     uint32_t *const queue = b->queue;
     uint64_t previous = 0, reached = 0, interior = 0;
-    for (uint64_t s = 0; s < count; s++) {
+    for (uint64_t s = first; s < count; s += stride) {
         for (uint64_t i = 0; i < previous; i++) {
             const uint32_t v = queue[i];
             dist[v] = -1;
@@ -432,6 +438,27 @@ static bool check_brandes(const struct graph *g, const struct brandes *b, uint32
     return close_to(dependencies, (double)interior);
 }
 
+struct bc_run {
+    const struct graph *g;
+    const uint32_t *sources;
+    uint64_t count, threads;
+    struct brandes *state; /* one a thread; state[0].score gets the sum */
+    pthread_barrier_t barrier;
+};
+
+/* Thread k's share of bc: its sources, then (once every thread has its scores) the sum of
+ * the threads' scores over its part of the vertices, added in thread order. */
+static void bc_share(uint64_t k, void *shared)
+{
+    struct bc_run *r = shared;
+    brandes(r->g, r->sources, r->count, k, r->threads, &r->state[k]);
+    pthread_barrier_wait(&r->barrier);
+    double *const score = r->state[0].score;
+    for (uint64_t v = k * r->g->n / r->threads; v < (k + 1) * r->g->n / r->threads; v++)
+        for (uint64_t t = 1; t < r->threads; t++)
+            score[v] += r->state[t].score[v];
+}
+
 static int run_bc(const struct options *opt)
 {
     const struct graph g = build_graph(opt);
@@ -439,28 +466,39 @@ static int run_bc(const struct options *opt)
     const struct wl_scramble pick = wl_scramble_make(g.n, wl_stream(opt->common.seed, 3));
     for (uint64_t i = 0; i < opt->sources; i++)
         sources[i] = (uint32_t)wl_scramble(&pick, i); /* distinct, spread over the degrees */
-    struct brandes b = {.dist = unreached_levels(g.n),
-                        .sigma = wl_alloc(g.n * sizeof(double)),
-                        .delta = wl_alloc(g.n * sizeof(double)),
-                        .score = wl_alloc(g.n * sizeof(double)),
-                        .queue = wl_alloc(g.n * sizeof(uint32_t))};
+    struct brandes state[WL_MAX_THREADS]; /* (not wl_alloc: bookkeeping, not the data) */
+    for (uint64_t k = 0; k < opt->threads; k++)
+        state[k] = (struct brandes){.dist = unreached_levels(g.n),
+                                    .sigma = wl_alloc(g.n * sizeof(double)),
+                                    .delta = wl_alloc(g.n * sizeof(double)),
+                                    .score = wl_alloc(g.n * sizeof(double)),
+                                    .queue = wl_alloc(g.n * sizeof(uint32_t))};
+    struct bc_run run = {.g = &g, .sources = sources, .count = opt->sources, .threads = opt->threads, .state = state};
 
     wl_roi_begin(&opt->common);
-    brandes(&g, sources, opt->sources, &b);
-    wl_roi_end(&opt->common, &b.score[sources[0]], sizeof(double));
+    if (opt->threads > 1)
+        wl_run_threads(opt->threads, bc_share, &run, &run.barrier);
+    else
+        brandes(&g, sources, opt->sources, 0, 1, &state[0]);
+    wl_roi_end(&opt->common, &state[0].score[sources[0]], sizeof(double));
 
     /* Over all sources: the scores sum to the interior vertices of all shortest paths. */
     double total = 0, top = 0;
-    uint64_t checksum = 0;
+    uint64_t checksum = 0, reached = 0, interior = 0;
     for (uint64_t v = 0; v < g.n; v++) {
-        total += b.score[v];
-        top = fmax(top, b.score[v]);
-        checksum += wl_mix64(wl_double_bits(b.score[v]) ^ v * WL_GOLDEN);
+        total += state[0].score[v];
+        top = fmax(top, state[0].score[v]);
+        checksum += wl_mix64(wl_double_bits(state[0].score[v]) ^ v * WL_GOLDEN);
     }
-    const bool ok = check_brandes(&g, &b, sources[opt->sources - 1]) && close_to(total, (double)b.interior);
+    for (uint64_t k = 0; k < opt->threads; k++) {
+        reached += state[k].reached;
+        interior += state[k].interior;
+    }
+    const uint64_t last = opt->sources - 1; /* its state is its thread's, last % threads */
+    const bool ok = check_brandes(&g, &state[last % opt->threads], sources[last]) && close_to(total, (double)interior);
 
     struct wl_json j = report_graph(opt, &g);
-    wl_json_u64(&j, "reached", b.reached);
+    wl_json_u64(&j, "reached", reached);
     wl_json_real(&j, "score_sum", total);
     wl_json_real(&j, "score_max", top);
     return wl_report_end(&j, ok, checksum);
