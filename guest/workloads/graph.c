@@ -17,10 +17,12 @@
  *   --kernel bc:  Brandes' betweenness centrality from --sources K sources (a scrambled
  *                 pick), forward BFS counting shortest paths, backward accumulation of
  *                 dependencies (pull from successors), scores summed over the sources;
- *                 with --threads T, thread k takes sources k, k + T, ... with its own
- *                 BFS state and scores, then the threads sum the scores, each over a
- *                 part of the vertices, in thread order (so a run's result does not
- *                 depend on the schedule; it may differ from one thread's in the last bits).
+ *                 with --threads T (as GAP's bc), the sources one after another and T
+ *                 threads sharing each one's levels: a level's frontier expanded as in bfs,
+ *                 then each new vertex pulls its path count from the level above, and
+ *                 backwards each vertex its dependency from the level below; one state,
+ *                 as one thread's, and values summed in adjacency order (the same bits in
+ *                 every run; one thread pushes its path counts: the last bits may differ).
  * Self-check after the ROI (see check_levels and check_brandes). One JSON line on stdout;
  * exit 0, 1 if the check failed, 2 for a usage error.
  */
@@ -44,7 +46,7 @@ static const char USAGE[] =
     "  --footprint   pick the vertices so that the data (graph and kernel state) fits BYTES\n"
     "  --degree      mean degree: N*D/2 edges are generated (default 16)\n"
     "  --sources     bc: source vertices (default 4)\n"
-    "  --threads     POSIX threads (default 1): bfs shares each level, bc the sources\n" WL_COMMON_USAGE;
+    "  --threads     POSIX threads sharing each level (default 1)\n" WL_COMMON_USAGE;
 
 struct options {
     unsigned kernel; /* enum kernel */
@@ -64,8 +66,7 @@ static uint64_t bytes_per_vertex(const struct options *opt)
     const uint64_t csr = sizeof(uint64_t) + opt->degree * sizeof(uint32_t);
     if (opt->kernel == KERNEL_BFS) /* level, queue */
         return csr + sizeof(int32_t) + sizeof(uint32_t);
-    /* each thread's dist, sigma, delta, score, queue */
-    return csr + opt->threads * (sizeof(int32_t) + 3 * sizeof(double) + sizeof(uint32_t));
+    return csr + sizeof(int32_t) + 3 * sizeof(double) + sizeof(uint32_t); /* dist, sigma, delta, score, queue */
 }
 
 static uint64_t fixed_bytes(const struct options *opt)
@@ -89,9 +90,6 @@ static struct options parse_options(int argc, char **argv)
     if (opt.common.footprint != 0)
         opt.vertices = wl_footprint_items(&opt.common, "vertices", bytes_per_vertex(&opt), fixed_bytes(&opt),
                                           MIN_VERTICES, MAX_VERTICES);
-    if (opt.kernel == KERNEL_BC && opt.threads > opt.sources)
-        wl_usage_error("--threads %" PRIu64 " is more than the %" PRIu64 " --sources (bc gives each thread sources)",
-                       opt.threads, opt.sources);
     if (opt.kernel == KERNEL_BC && opt.sources > opt.vertices)
         wl_usage_error("--sources %" PRIu64 " is more than the %" PRIu64 " vertices", opt.sources, opt.vertices);
     return opt;
@@ -335,14 +333,13 @@ struct brandes {
 };
 
 /*
- * Brandes, per source (sources[first], sources[first + stride], ... of `count`): reset the
- * vertices the previous source reached, BFS counting the shortest paths (sigma), then in
- * reverse BFS order pull each vertex's dependency from its successors,
- * delta[v] = sigma[v] * sum over w (1 + delta[w]) / sigma[w], and add it to the score. The
- * last source's state stays for the check.
+ * Brandes, per source: reset the vertices the previous source reached, BFS counting the
+ * shortest paths (sigma), then in reverse BFS order pull each vertex's dependency from its
+ * successors, delta[v] = sigma[v] * sum over w (1 + delta[w]) / sigma[w], and add it to
+ * the score. The last source's state stays for the check.
  */
 __attribute__((noinline)) static void brandes(const struct graph *g, const uint32_t *sources, uint64_t count,
-                                              uint64_t first, uint64_t stride, struct brandes *b)
+                                              struct brandes *b)
 {
     const uint64_t *const offsets = g->offsets;
     const uint32_t *const adj = g->adj;
@@ -350,7 +347,7 @@ __attribute__((noinline)) static void brandes(const struct graph *g, const uint3
     double *const sigma = b->sigma, *const delta = b->delta, *const score = b->score;
     uint32_t *const queue = b->queue;
     uint64_t previous = 0, reached = 0, interior = 0;
-    for (uint64_t s = first; s < count; s += stride) {
+    for (uint64_t s = 0; s < count; s++) {
         for (uint64_t i = 0; i < previous; i++) {
             const uint32_t v = queue[i];
             dist[v] = -1;
@@ -442,21 +439,104 @@ struct bc_run {
     const struct graph *g;
     const uint32_t *sources;
     uint64_t count, threads;
-    struct brandes *state; /* one a thread; state[0].score gets the sum */
+    struct brandes *b;
+    uint64_t tail, interior; /* atomic */
+    uint64_t *level_start;   /* the current source's level d is queue[level_start[d] .. level_start[d + 1]) */
     pthread_barrier_t barrier;
 };
 
-/* Thread k's share of bc: its sources, then (once every thread has its scores) the sum of
- * the threads' scores over its part of the vertices, added in thread order. */
+/* Thread k's part of [lo, hi). */
+#define SHARE_BEGIN(k, lo, hi, threads) ((lo) + (k) * ((hi) - (lo)) / (threads))
+#define SHARE_END(k, lo, hi, threads) ((lo) + ((k) + 1) * ((hi) - (lo)) / (threads))
+
+/* Brandes with the threads sharing each level of each source (the barriers order the
+ * levels): reset what the previous source reached; forward, a level's frontier expanded
+ * as in bfs_share, then each vertex of the new level sums its path count over its
+ * neighbours one level up; backward from the deepest level, each vertex pulls its
+ * dependency from the level below, as brandes() does. Every vertex's values are summed in
+ * adjacency order by the one thread that owns it in that level. */
 static void bc_share(uint64_t k, void *shared)
 {
     struct bc_run *r = shared;
-    brandes(r->g, r->sources, r->count, k, r->threads, &r->state[k]);
-    pthread_barrier_wait(&r->barrier);
-    double *const score = r->state[0].score;
-    for (uint64_t v = k * r->g->n / r->threads; v < (k + 1) * r->g->n / r->threads; v++)
-        for (uint64_t t = 1; t < r->threads; t++)
-            score[v] += r->state[t].score[v];
+    struct brandes *const b = r->b;
+    const uint64_t *const offsets = r->g->offsets;
+    const uint32_t *const adj = r->g->adj;
+    const uint64_t threads = r->threads;
+    uint64_t previous = 0, interior = 0;
+    for (uint64_t s = 0; s < r->count; s++) {
+        for (uint64_t q = SHARE_BEGIN(k, 0, previous, threads); q < SHARE_END(k, 0, previous, threads); q++) {
+            const uint32_t v = b->queue[q];
+            b->dist[v] = -1;
+            b->sigma[v] = 0;
+            b->delta[v] = 0;
+        }
+        pthread_barrier_wait(&r->barrier);
+        if (k == 0) {
+            const uint32_t source = r->sources[s];
+            b->dist[source] = 0;
+            b->sigma[source] = 1;
+            b->queue[0] = source;
+            r->tail = 1;
+        }
+        uint64_t head = 0;
+        int32_t depth = 0;
+        for (;;) {
+            pthread_barrier_wait(&r->barrier); /* the last level's path counts are in */
+            const uint64_t level_end = __atomic_load_n(&r->tail, __ATOMIC_RELAXED);
+            if (k == 0)
+                r->level_start[depth] = head;
+            pthread_barrier_wait(&r->barrier); /* everyone has read the tail before anyone appends */
+            if (level_end == head)
+                break;
+            for (uint64_t q = SHARE_BEGIN(k, head, level_end, threads); q < SHARE_END(k, head, level_end, threads);
+                 q++) {
+                const uint32_t u = b->queue[q];
+                for (uint64_t i = offsets[u]; i < offsets[u + 1]; i++) {
+                    const uint32_t w = adj[i];
+                    int32_t unreached = -1;
+                    if (__atomic_load_n(&b->dist[w], __ATOMIC_RELAXED) < 0 &&
+                        __atomic_compare_exchange_n(&b->dist[w], &unreached, depth + 1, false, __ATOMIC_RELAXED,
+                                                    __ATOMIC_RELAXED))
+                        b->queue[__atomic_fetch_add(&r->tail, 1, __ATOMIC_RELAXED)] = w;
+                }
+            }
+            pthread_barrier_wait(&r->barrier); /* the new level is complete */
+            const uint64_t next_end = __atomic_load_n(&r->tail, __ATOMIC_RELAXED);
+            for (uint64_t q = SHARE_BEGIN(k, level_end, next_end, threads);
+                 q < SHARE_END(k, level_end, next_end, threads); q++) {
+                const uint32_t w = b->queue[q];
+                double paths = 0;
+                for (uint64_t i = offsets[w]; i < offsets[w + 1]; i++)
+                    if (b->dist[adj[i]] == depth)
+                        paths += b->sigma[adj[i]];
+                b->sigma[w] = paths;
+            }
+            head = level_end;
+            depth++;
+        }
+        for (int32_t d = depth - 1; d > 0; d--) { /* the source (level 0) has no score */
+            const uint64_t lo = r->level_start[d], hi = r->level_start[d + 1];
+            for (uint64_t q = SHARE_BEGIN(k, lo, hi, threads); q < SHARE_END(k, lo, hi, threads); q++) {
+                const uint32_t v = b->queue[q];
+                double sum = 0;
+                for (uint64_t i = offsets[v]; i < offsets[v + 1]; i++) {
+                    const uint32_t w = adj[i];
+                    if (b->dist[w] == d + 1)
+                        sum += (1 + b->delta[w]) / b->sigma[w];
+                }
+                b->delta[v] = b->sigma[v] * sum;
+                b->score[v] += b->delta[v];
+                interior += (uint64_t)(d - 1);
+            }
+            pthread_barrier_wait(&r->barrier); /* the level's dependencies are in */
+        }
+        previous = head;
+        if (k == 0)
+            b->reached += head;
+    }
+    __atomic_fetch_add(&r->interior, interior, __ATOMIC_RELAXED);
+    if (k == 0)
+        b->last_reached = previous;
 }
 
 static int run_bc(const struct options *opt)
@@ -466,39 +546,42 @@ static int run_bc(const struct options *opt)
     const struct wl_scramble pick = wl_scramble_make(g.n, wl_stream(opt->common.seed, 3));
     for (uint64_t i = 0; i < opt->sources; i++)
         sources[i] = (uint32_t)wl_scramble(&pick, i); /* distinct, spread over the degrees */
-    struct brandes state[WL_MAX_THREADS]; /* (not wl_alloc: bookkeeping, not the data) */
-    for (uint64_t k = 0; k < opt->threads; k++)
-        state[k] = (struct brandes){.dist = unreached_levels(g.n),
-                                    .sigma = wl_alloc(g.n * sizeof(double)),
-                                    .delta = wl_alloc(g.n * sizeof(double)),
-                                    .score = wl_alloc(g.n * sizeof(double)),
-                                    .queue = wl_alloc(g.n * sizeof(uint32_t))};
-    struct bc_run run = {.g = &g, .sources = sources, .count = opt->sources, .threads = opt->threads, .state = state};
+    struct brandes b = {.dist = unreached_levels(g.n),
+                        .sigma = wl_alloc(g.n * sizeof(double)),
+                        .delta = wl_alloc(g.n * sizeof(double)),
+                        .score = wl_alloc(g.n * sizeof(double)),
+                        .queue = wl_alloc(g.n * sizeof(uint32_t))};
+    /* bookkeeping, not the data (a level a vertex at most; only the levels' entries are touched) */
+    uint64_t *level_start = opt->threads > 1 ? malloc((g.n + 2) * sizeof(uint64_t)) : NULL;
+    if (opt->threads > 1 && level_start == NULL) {
+        fprintf(stderr, "graph: out of memory for the level table\n");
+        return 1;
+    }
+    struct bc_run run = {.g = &g, .sources = sources, .count = opt->sources, .threads = opt->threads, .b = &b,
+                         .level_start = level_start};
 
     wl_roi_begin(&opt->common);
-    if (opt->threads > 1)
+    if (opt->threads > 1) {
         wl_run_threads(opt->threads, bc_share, &run, &run.barrier);
-    else
-        brandes(&g, sources, opt->sources, 0, 1, &state[0]);
-    wl_roi_end(&opt->common, &state[0].score[sources[0]], sizeof(double));
+        b.interior = run.interior;
+    } else {
+        brandes(&g, sources, opt->sources, &b);
+    }
+    wl_roi_end(&opt->common, &b.score[sources[0]], sizeof(double));
+    free(level_start);
 
     /* Over all sources: the scores sum to the interior vertices of all shortest paths. */
     double total = 0, top = 0;
-    uint64_t checksum = 0, reached = 0, interior = 0;
+    uint64_t checksum = 0;
     for (uint64_t v = 0; v < g.n; v++) {
-        total += state[0].score[v];
-        top = fmax(top, state[0].score[v]);
-        checksum += wl_mix64(wl_double_bits(state[0].score[v]) ^ v * WL_GOLDEN);
+        total += b.score[v];
+        top = fmax(top, b.score[v]);
+        checksum += wl_mix64(wl_double_bits(b.score[v]) ^ v * WL_GOLDEN);
     }
-    for (uint64_t k = 0; k < opt->threads; k++) {
-        reached += state[k].reached;
-        interior += state[k].interior;
-    }
-    const uint64_t last = opt->sources - 1; /* its state is its thread's, last % threads */
-    const bool ok = check_brandes(&g, &state[last % opt->threads], sources[last]) && close_to(total, (double)interior);
+    const bool ok = check_brandes(&g, &b, sources[opt->sources - 1]) && close_to(total, (double)b.interior);
 
     struct wl_json j = report_graph(opt, &g);
-    wl_json_u64(&j, "reached", reached);
+    wl_json_u64(&j, "reached", b.reached);
     wl_json_real(&j, "score_sum", total);
     wl_json_real(&j, "score_max", top);
     return wl_report_end(&j, ok, checksum);
