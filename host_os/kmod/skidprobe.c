@@ -265,9 +265,8 @@ static uint64_t other_runs_after(uint64_t when)
 static int run_switch(uint64_t bytes, size_t samples, uint64_t seed)
 {
     volatile uint64_t *page = (volatile uint64_t *)cxlssd_pv_page();
-    int fd = open("/dev/cxlssd_helper", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (page == NULL || fd < 0) {
-        fprintf(stderr, "skidprobe: needs the pv page and /dev/cxlssd_helper\n");
+    if (page == NULL) {
+        fprintf(stderr, "skidprobe: needs the pv page\n");
         return 1;
     }
     const volatile struct cxlssd_pv_header *header = (const volatile void *)page;
@@ -282,6 +281,13 @@ static int run_switch(uint64_t bytes, size_t samples, uint64_t seed)
     }
     for (uint64_t i = 0; i < bytes; i += 4096) {
         data[i] = (unsigned char)i;
+    }
+    /* Opened after the set-up, as in run_skid: its own long reads filled the helper's
+     * event buffer (4096) before any sample when it was opened first. */
+    int fd = open("/dev/cxlssd_helper", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        fprintf(stderr, "skidprobe: /dev/cxlssd_helper: %s (is cxlssd_helper loaded?)\n", strerror(errno));
+        return 1;
     }
     pthread_t thread;
     if (pthread_create(&thread, NULL, other_thread, NULL) != 0) {
