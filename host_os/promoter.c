@@ -91,6 +91,7 @@ static struct {
     uint64_t promoted, demoted, failed, scans, wakeups, asked;
     uint64_t unmapped; /* of the failed: the page was not (or no longer) the child's */
     uint64_t shared, busy; /* of the failed: move_pages' EACCES (mapped by other processes too), EBUSY */
+    int other_status;      /* the last other status a failed move had (a node: it stayed there) */
     uint64_t *promoted_page, *promoted_va; /* device page -> its virtual page, while promoted */
     uint64_t n_promoted, cap_promoted;
 } D;
@@ -303,6 +304,8 @@ static void promote(const uint64_t *pages, unsigned n)
         if (status[i] != 0 || !(now & PAGE_PRESENT)) {
             D.shared += status[i] == -EACCES;
             D.busy += status[i] == -EBUSY;
+            if (status[i] != -EACCES && status[i] != -EBUSY)
+                D.other_status = status[i];
             failed(which[i]);
             continue;
         }
@@ -472,9 +475,9 @@ int main(int argc, char **argv)
         nanosleep(&pause, NULL);
     }
     fprintf(stderr, "cxlssd-promote: %" PRIu64 " promoted, %" PRIu64 " demoted, %" PRIu64 " failed (%" PRIu64
-                    " not mapped, %" PRIu64 " shared, %" PRIu64 " busy), %" PRIu64 " scans, woken %" PRIu64 " times by the kernel helper%s, %" PRIu64
+                    " not mapped, %" PRIu64 " shared, %" PRIu64 " busy, last other status %d), %" PRIu64 " scans, woken %" PRIu64 " times by the kernel helper%s, %" PRIu64
                     " pages located by it\n",
-            D.promoted, D.demoted, D.failed, D.unmapped, D.shared, D.busy, D.scans, D.wakeups,
+            D.promoted, D.demoted, D.failed, D.unmapped, D.shared, D.busy, D.other_status, D.scans, D.wakeups,
             D.helper >= 0 ? "" : " (polled the mailbox: no /dev/cxlssd_promote)", D.asked);
     return exit_status(status);
 }
