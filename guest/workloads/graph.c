@@ -238,6 +238,19 @@ __attribute__((noinline)) static struct bfs_result bfs(const struct graph *g, ui
     return (struct bfs_result){.reached = tail, .levels = (uint64_t)depth, .edges_scanned = scanned};
 }
 
+/* Thread k's part of [lo, hi). */
+#define SHARE_BEGIN(k, lo, hi, threads) ((lo) + (k) * ((hi) - (lo)) / (threads))
+#define SHARE_END(k, lo, hi, threads) ((lo) + ((k) + 1) * ((hi) - (lo)) / (threads))
+
+/* Set unreached vertex v's level to `depth` unless another thread did first: true if this
+ * thread did (it then appends v to the queue). */
+static inline bool claim_vertex(int32_t *level, uint32_t v, int32_t depth)
+{
+    int32_t unreached = -1;
+    return __atomic_load_n(&level[v], __ATOMIC_RELAXED) < 0 &&
+           __atomic_compare_exchange_n(&level[v], &unreached, depth, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+}
+
 struct bfs_run {
     const struct graph *g;
     int32_t *level;
@@ -264,16 +277,14 @@ static void bfs_share(uint64_t k, void *shared)
         pthread_barrier_wait(&r->barrier);
         if (n == 0)
             break;
-        for (uint64_t q = head + k * n / r->threads; q < head + (k + 1) * n / r->threads; q++) {
+        for (uint64_t q = SHARE_BEGIN(k, head, level_end, r->threads); q < SHARE_END(k, head, level_end, r->threads);
+             q++) {
             const uint32_t u = r->queue[q];
             const uint64_t end = offsets[u + 1];
             scanned += end - offsets[u];
             for (uint64_t i = offsets[u]; i < end; i++) {
                 const uint32_t v = adj[i];
-                int32_t unreached = -1;
-                if (__atomic_load_n(&r->level[v], __ATOMIC_RELAXED) < 0 &&
-                    __atomic_compare_exchange_n(&r->level[v], &unreached, depth + 1, false, __ATOMIC_RELAXED,
-                                                __ATOMIC_RELAXED))
+                if (claim_vertex(r->level, v, depth + 1))
                     r->queue[__atomic_fetch_add(&r->tail, 1, __ATOMIC_RELAXED)] = v;
             }
         }
@@ -445,10 +456,6 @@ struct bc_run {
     pthread_barrier_t barrier;
 };
 
-/* Thread k's part of [lo, hi). */
-#define SHARE_BEGIN(k, lo, hi, threads) ((lo) + (k) * ((hi) - (lo)) / (threads))
-#define SHARE_END(k, lo, hi, threads) ((lo) + ((k) + 1) * ((hi) - (lo)) / (threads))
-
 /* Brandes with the threads sharing each level of each source (the barriers order the
  * levels): reset what the previous source reached; forward, a level's frontier expanded
  * as in bfs_share, then each vertex of the new level sums its path count over its
@@ -493,10 +500,7 @@ static void bc_share(uint64_t k, void *shared)
                 const uint32_t u = b->queue[q];
                 for (uint64_t i = offsets[u]; i < offsets[u + 1]; i++) {
                     const uint32_t w = adj[i];
-                    int32_t unreached = -1;
-                    if (__atomic_load_n(&b->dist[w], __ATOMIC_RELAXED) < 0 &&
-                        __atomic_compare_exchange_n(&b->dist[w], &unreached, depth + 1, false, __ATOMIC_RELAXED,
-                                                    __ATOMIC_RELAXED))
+                    if (claim_vertex(b->dist, w, depth + 1))
                         b->queue[__atomic_fetch_add(&r->tail, 1, __ATOMIC_RELAXED)] = w;
                 }
             }
