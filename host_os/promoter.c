@@ -91,7 +91,7 @@ static struct {
     uint64_t promoted, demoted, failed, scans, wakeups, asked;
     uint64_t unmapped; /* of the failed: the page was not (or no longer) the child's */
     uint64_t shared, busy; /* of the failed: move_pages' EACCES (mapped by other processes too), EBUSY */
-    int other_status;      /* the last other status a failed move had (a node: it stayed there) */
+    int other_status;      /* the last other status a failed move had (-errno; a node: it stayed there) */
     uint64_t *promoted_page, *promoted_va; /* device page -> its virtual page, while promoted */
     uint64_t n_promoted, cap_promoted;
 } D;
@@ -295,6 +295,7 @@ static void promote(const uint64_t *pages, unsigned n)
     if (k == 0)
         return;
     if (syscall(SYS_move_pages, D.pid, (unsigned long)k, at, nodes, status, MPOL_MF_MOVE) < 0) {
+        D.other_status = -errno; /* the call failed as a whole */
         for (unsigned i = 0; i < k; i++)
             failed(which[i]);
         return;
