@@ -273,9 +273,9 @@ static void bfs_share(uint64_t k, void *shared)
     int32_t depth = 0;
     for (;;) {
         pthread_barrier_wait(&r->barrier);
-        const uint64_t level_end = __atomic_load_n(&r->tail, __ATOMIC_RELAXED), n = level_end - head;
+        const uint64_t level_end = __atomic_load_n(&r->tail, __ATOMIC_RELAXED);
         pthread_barrier_wait(&r->barrier);
-        if (n == 0)
+        if (level_end == head)
             break;
         for (uint64_t q = SHARE_BEGIN(k, head, level_end, r->threads); q < SHARE_END(k, head, level_end, r->threads);
              q++) {
