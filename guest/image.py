@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cxlssd.errors import PrerequisiteError
+from cxlssd.lifecycle import LockHeld, exclusive_lock
 from cxlssd.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ PACKAGES = (
 # Not needed in a running guest whose root is the initramfs itself.
 EXCLUDED_FROM_ROOT = ("./boot", "./var/cache/apt", "./var/lib/apt/lists", "./usr/share/doc")
 FILES_DIR = Path(__file__).parent / "rootfs"
+BUILD_LOCK = ".build.lock"
 
 
 @dataclass(frozen=True)
@@ -114,8 +116,24 @@ def ensure_image() -> GuestImage:
     for tool in ("mmdebstrap", "cpio"):
         if shutil.which(tool) is None:
             raise PrerequisiteError(f"{tool} not found; run ./cxlssd setup to install it")
-    _build(image, _debian_mirror())
+    mirror = _debian_mirror()
+    # One builder at a time: two first runs would share the staging directory.
+    image_dir().mkdir(parents=True, exist_ok=True)
+    lock = image_dir() / BUILD_LOCK
+    try:
+        with exclusive_lock(lock, wait=False):
+            _build_unless_built(image, mirror)
+    except LockHeld as held:
+        log.info("another run (pid %s) is building the guest image; waiting for it ...", held.holder)
+        with exclusive_lock(lock, wait=True):
+            _build_unless_built(image, mirror)
     return image
+
+
+def _build_unless_built(image: GuestImage, mirror: str) -> None:
+    # Under the lock: the run that held it may have built the image, or failed or been killed.
+    if not image.exists():
+        _build(image, mirror)
 
 
 def _build(image: GuestImage, mirror: str) -> None:
