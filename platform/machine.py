@@ -408,12 +408,14 @@ class Platform(Lifecycle):
         assert self._files is not None
         while True:
             self._check_alive()
-            qmp = QEMUMonitorProtocol(str(self._files.qmp_socket))
-            try:
-                qmp.connect()
-                return qmp
-            except QMPError:
-                qmp.close()
+            # Not before the socket exists: qemu.qmp logs every failed attempt as an error.
+            if self._files.qmp_socket.is_socket():
+                qmp = QEMUMonitorProtocol(str(self._files.qmp_socket))
+                try:
+                    qmp.connect()
+                    return qmp
+                except QMPError:
+                    qmp.close()
             if time.monotonic() > deadline:
                 raise self._not_ready("(QEMU never opened its QMP socket)")
             time.sleep(0.1)

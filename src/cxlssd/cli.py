@@ -65,7 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(message)s" if not args.verbose else "%(asctime)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    for chatty in ("paramiko", "qemu.qmp"):  # connection chatter, not the user's business
+    # Connection chatter and the PDF writer's font subsetting: not the user's business.
+    for chatty in ("paramiko", "qemu.qmp", "fontTools"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
         status: int = args.handler(args)
