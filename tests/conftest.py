@@ -64,15 +64,19 @@ def no_leaks() -> Iterator[None]:
     assert leftovers(_live_instances) == [], "the test left platform state behind"
 
 
+# Tests that stay out of the default run's time budget: they run when ``-m`` or ``-k``
+# names their marker. ``cluster``: a Ray cluster on loopback (1-3 min, 2.5-7.5 with the
+# live one); ``campaign``: the live fault campaign (four guest boots).
+OPT_IN_MARKERS = ("cluster", "campaign")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``cluster`` (a Ray cluster on loopback: 1-3 min, 2.5-7.5 with the live
-    one) stay out of the default run's time budget: they run when ``-m`` or ``-k`` names them."""
-    if "cluster" in f"{config.getoption('markexpr')} {config.getoption('keyword')}":
-        return
-    deselected = [item for item in items if item.get_closest_marker("cluster")]
+    named = f"{config.getoption('markexpr')} {config.getoption('keyword')}"
+    opt_out = [marker for marker in OPT_IN_MARKERS if marker not in named]
+    deselected = [item for item in items if any(item.get_closest_marker(m) for m in opt_out)]
     if deselected:
         config.hook.pytest_deselected(items=deselected)
-        items[:] = [item for item in items if not item.get_closest_marker("cluster")]
+        items[:] = [item for item in items if item not in deselected]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
