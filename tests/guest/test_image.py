@@ -5,11 +5,13 @@ the lock, the waiting and the re-check are the real code."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,41 +45,37 @@ def _write(image: GuestImage) -> None:
     image.rootfs.write_bytes(b"rootfs")
 
 
-def _ensure_in_thread() -> tuple[threading.Thread, list[GuestImage]]:
+@contextlib.contextmanager
+def _a_run_waiting_for_the_lock(caplog: pytest.LogCaptureFixture) -> Iterator[list[GuestImage]]:
+    """Hold the build lock as another run would, with ensure_image waiting for it in a
+    thread; yields what that call returns (after the block, which releases the lock)."""
+    caplog.set_level(logging.INFO, logger=image_module.__name__)
+    image_dir().mkdir(parents=True)
     result: list[GuestImage] = []
     thread = threading.Thread(target=lambda: result.append(ensure_image()))
-    thread.start()
-    return thread, result
-
-
-def _wait_for(text: str, caplog: pytest.LogCaptureFixture) -> None:
-    deadline = time.monotonic() + 10
-    while text not in caplog.text:
-        assert time.monotonic() < deadline, caplog.text
-        time.sleep(0.01)
+    with exclusive_lock(image_dir() / BUILD_LOCK, wait=False):
+        thread.start()
+        deadline = time.monotonic() + 10
+        while f"another run (pid {os.getpid()}) is building the guest image; waiting" not in caplog.text:
+            assert time.monotonic() < deadline, caplog.text
+            time.sleep(0.01)
+        assert thread.is_alive()
+        yield result
+    thread.join(10)
 
 
 def test_a_run_waits_for_the_build_in_progress_and_uses_its_image(
         builds: list[GuestImage], caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger=image_module.__name__)
-    image_dir().mkdir(parents=True)
-    with exclusive_lock(image_dir() / BUILD_LOCK, wait=False):
-        thread, result = _ensure_in_thread()
-        _wait_for(f"another run (pid {os.getpid()}) is building the guest image; waiting", caplog)
-        assert thread.is_alive() and not builds
+    with _a_run_waiting_for_the_lock(caplog) as result:
+        assert not builds
         _write(image_module.current_image())  # the other run finishes its build
-    thread.join(10)
     assert not builds and result == [image_module.current_image()]
 
 
 def test_a_run_builds_the_image_itself_when_the_build_it_waited_for_failed(
         builds: list[GuestImage], caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger=image_module.__name__)
-    image_dir().mkdir(parents=True)
-    with exclusive_lock(image_dir() / BUILD_LOCK, wait=False):
-        thread, result = _ensure_in_thread()
-        _wait_for("is building the guest image; waiting", caplog)
-    thread.join(10)
+    with _a_run_waiting_for_the_lock(caplog) as result:
+        pass  # the other run ends without an image
     assert builds == result == [image_module.current_image()]
 
 
