@@ -135,9 +135,11 @@ def _workload_report(stdout: bytes) -> dict[str, Any]:
 
 
 def roi_totals(rois: list[dict[str, Any]]) -> dict[str, Any]:
-    """A point's modelled time (the sum of its ROIs), its parts and counters."""
+    """A point's modelled time (the sum of its ROIs), its parts and counters (the
+    transfer engine's too: how much of its moves the program waited for)."""
     flash = {"reads": 0, "programs": 0, "erases": 0}
     device = {"requests": 0, "reads": 0, "writes": 0, "long_delays": 0}
+    transfers: dict[str, int] = {}
     for roi in rois:
         model, fl = roi["device"]["model"], roi["device"].get("flash", {})
         for key in device:
@@ -145,6 +147,8 @@ def roi_totals(rois: list[dict[str, Any]]) -> dict[str, Any]:
         flash["reads"] += fl.get("reads_total", 0)
         flash["programs"] += fl.get("programs_total", 0)
         flash["erases"] += fl.get("erases_gc", 0)
+        for key, value in roi["device"].get("transfers", {}).items():
+            transfers[key] = transfers.get(key, 0) + value
     return {
         "rois": len(rois),
         "modelled_ns": sum(r["modelled_ns"] for r in rois) if rois else None,
@@ -153,6 +157,7 @@ def roi_totals(rois: list[dict[str, Any]]) -> dict[str, Any]:
         "instructions": sum(r.get("cpu", {}).get("insns", 0) for r in rois),
         "device": device,
         "flash": flash,
+        "transfers": transfers,
     }
 
 

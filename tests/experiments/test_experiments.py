@@ -19,7 +19,7 @@ import yaml
 from cxlssd.errors import ConfigError, InputError
 from cxlssd.experiments.observe import enable_cxl_tracing, trace_fields, trigger_poison_list, wait_for_trace
 from cxlssd.experiments.report import derive, summary, write_results
-from cxlssd.experiments.runner import POINTS_FILE, ExperimentRunner, load_points
+from cxlssd.experiments.runner import POINTS_FILE, ExperimentRunner, load_points, roi_totals
 from cxlssd.experiments.spec import DEMO_FILE, experiment_from_dict, load_experiment
 from cxlssd.firmware.profile import load_profile
 from cxlssd.firmware.replay import replay_file
@@ -123,6 +123,19 @@ def test_report_derives_speedup_ideal_fraction_and_flash_reduction(tmp_path: Pat
     report = (tmp_path / "report.md").read_text()
     assert "| chase[size=1M] | skybyte-full | 0.002 | 4.00 | 50.0% |" in report
     assert "Not run yet (1)" in report
+
+
+def test_a_points_totals_sum_its_rois_including_the_transfer_engines_waits() -> None:
+    def roi(modelled_ns: int, wait_ns: int) -> dict[str, Any]:
+        model = {"requests": 10, "reads": 8, "writes": 2, "long_delays": 1}
+        transfers = {"transfers": 2, "waits": 2, "wait_ns": wait_ns, "busy_ns": 5000}
+        return {"modelled_ns": modelled_ns, "local_ns": 100, "device_stall_ns": 50,
+                "device": {"model": model, "flash": {"reads_total": 3}, "transfers": transfers}}
+
+    totals = roi_totals([roi(1000, 0), roi(3000, 700)])
+    assert totals["modelled_ns"] == 4000 and totals["rois"] == 2 and totals["flash"]["reads"] == 6
+    assert totals["transfers"] == {"transfers": 4, "waits": 4, "wait_ns": 700, "busy_ns": 10000}
+    assert roi_totals([])["transfers"] == {}
 
 
 def test_summary_flash_reduction_sums_the_cases_flash_operations() -> None:
