@@ -31,6 +31,7 @@ from cxlssd.experiments.runner import (
 )
 from cxlssd.experiments.spec import experiment_from_dict, load_experiment
 from cxlssd.lifecycle import ProcessId
+from cxlssd.paths import runtime_root
 from cxlssd.platform.machine import Platform
 
 SYNTH = {"pattern": "zipf", "requests": 2000, "footprint_bytes": "4MiB", "seed": 3}
@@ -172,6 +173,17 @@ def test_point_timeout_must_be_a_sane_number_of_seconds(value: object) -> None:
         experiment_from_dict({**LIVE, "point_timeout_s": parsed}, "lv.yaml")
 
 
+def _run_command(definition: Path, out: Path) -> tuple[list[str], dict[str, str]]:
+    """``./cxlssd run DEFINITION --out OUT`` as a child process of the tests (argv, env)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return [sys.executable, "-P", "-m", "cxlssd", "run", str(definition), "--out", str(out)], env
+
+
+def _row_count(points: Path) -> int:
+    """Rows in ``points`` so far (0 before the file exists)."""
+    return points.read_bytes().count(b"\n") if points.exists() else 0
+
+
 def _kill_when(process: subprocess.Popen[bytes], ready: Callable[[], bool]) -> bool:
     """SIGKILL ``process`` as soon as ``ready()`` holds; False if it exited first."""
     while process.poll() is None:
@@ -201,13 +213,12 @@ def test_a_runner_killed_at_random_points_resumes_to_the_uninterrupted_results(t
     points = out / POINTS_FILE
 
     def rows() -> int:
-        return points.read_bytes().count(b"\n") if points.exists() else 0
+        return _row_count(points)
 
     moments: list[Callable[[], bool]] = [(out / "traces" / "z.trace.partial").exists]
     for count in sorted(random.Random(16).sample(range(1, len(reference)), 3)):
         moments.append(lambda count=count: rows() >= count)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    argv = [sys.executable, "-P", "-m", "cxlssd", "run", str(definition), "--out", str(out)]
+    argv, env = _run_command(definition, out)
     rows_at_kills = []
     for ready in moments:
         process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -246,17 +257,15 @@ def test_a_live_run_killed_in_its_firmware_qemu_and_runner_resumes_to_every_poin
     definition.write_text(json.dumps(CAMPAIGN))
     experiment = load_experiment(definition)
     reference = ExperimentRunner(experiment, tmp_path / "reference", default_platform).run()
-    runtime = default_platform.rundir.parent if default_platform.rundir else None
-    assert runtime is not None
+    runtime = runtime_root()
     out = tmp_path / "out"
     points = out / POINTS_FILE
     rng = random.Random(16)
 
     def rows() -> int:
-        return points.read_bytes().count(b"\n") if points.exists() else 0
+        return _row_count(points)
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    argv = [sys.executable, "-P", "-m", "cxlssd", "run", str(definition), "--out", str(out)]
+    argv, env = _run_command(definition, out)
 
     def attached(before: set[str], rows_before: int) -> Callable[[], Path | None]:
         """The run's instance once a point past ``rows_before`` rows has its firmware."""
