@@ -65,12 +65,22 @@ def no_leaks() -> Iterator[None]:
 
 
 # Tests that stay out of the default run's time budget: they run when ``-m`` or ``-k``
-# names their marker. ``cluster``: a Ray cluster on loopback (1-3 min, 2.5-7.5 with the
-# live one); ``campaign``: the live fault campaign (four guest boots).
-OPT_IN_MARKERS = ("cluster", "campaign")
+# names their marker, or with ``--full``. ``slow``: tests that boot guests of their own
+# (about a minute each on a fast host, three on a slow one) or repeat a live mechanism
+# the default run already covers at length; ``cluster``: a Ray cluster on loopback
+# (1-3 min, 2.5-7.5 with the live one); ``campaign``: the live fault campaign (four
+# guest boots).
+OPT_IN_MARKERS = ("slow", "cluster", "campaign")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--full", action="store_true",
+                     help=f"also run the opt-in tiers ({', '.join(OPT_IN_MARKERS)})")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("full"):
+        return
     named = f"{config.getoption('markexpr')} {config.getoption('keyword')}"
     opt_out = [marker for marker in OPT_IN_MARKERS if marker not in named]
     deselected = [item for item in items if any(item.get_closest_marker(m) for m in opt_out)]

@@ -451,6 +451,7 @@ def own_platform() -> Iterator[Platform]:
         yield platform
 
 
+@pytest.mark.slow
 @pytest.mark.guest
 def test_a_qmp_scenario_injects_and_records_what_the_guest_showed(
     own_platform: Platform, tmp_path: Path
@@ -496,6 +497,7 @@ def test_a_qmp_scenario_injects_and_records_what_the_guest_showed(
     assert wait_for_trace(guest, [rf"cxl_poison: .*dpa={dpa:#x} "], timeout_s=3) == [None]
 
 
+@pytest.mark.slow
 @pytest.mark.guest
 def test_an_uncorrectable_error_point_is_followed_by_a_fresh_guest(tmp_path: Path) -> None:
     """On guests of the runner's own: the fatal AER error takes the first guest's CXL

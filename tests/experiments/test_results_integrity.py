@@ -195,7 +195,6 @@ def _kill_when(process: subprocess.Popen[bytes], ready: Callable[[], bool]) -> b
     return False
 
 
-@pytest.mark.slow
 def test_a_runner_killed_at_random_points_resumes_to_the_uninterrupted_results(tmp_path: Path) -> None:
     """Fault campaign (replay points, no VM): SIGKILL ./cxlssd run during the trace's
     synthesis and then once a random number of rows is written (mid-replay of the

@@ -410,6 +410,7 @@ def test_tpcc_in_the_guest_on_the_cxl_node(default_platform: Platform, runtime: 
     assert data["checksum"] == report(runtime, "tpcc")["checksum"]
 
 
+@pytest.mark.slow
 @pytest.mark.guest
 def test_tpcc_under_live_designs(default_platform: Platform) -> None:
     """The small default with the firmware attached: one ROI in modelled time, the CXL-SSD

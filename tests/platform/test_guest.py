@@ -86,12 +86,14 @@ def test_bound_process_writes_into_the_device_backing_file(default_platform: Pla
         assert channel.recv_exit_status() == 0
 
 
+@pytest.mark.slow
 def test_two_devices_give_two_cpuless_nodes() -> None:
     with Platform(load_config(CONFIG_DIR / "two-devices.yaml")) as platform:
         assert sorted(d.node for d in platform.devices) == [1, 2]
         _assert_cpuless_nodes(platform)
 
 
+@pytest.mark.slow
 def test_guest_exec_streams_output_and_exit_status(
     cli: Callable[..., subprocess.CompletedProcess[str]],
 ) -> None:

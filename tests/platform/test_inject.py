@@ -562,6 +562,7 @@ def _cxl_log_lines(guest: Any) -> list[str]:
     return [line for line in out.decode(errors="replace").splitlines() if re.search(r"cxl|mem0|0d:00", line)]
 
 
+@pytest.mark.slow
 @pytest.mark.guest
 def test_dynamic_capacity_add_and_release_in_a_dcd_guest() -> None:
     """A DCD guest of its own (platform/configs/dcd.yaml). The guest sees the DC region
@@ -606,6 +607,7 @@ def test_dynamic_capacity_add_and_release_in_a_dcd_guest() -> None:
         assert int(guest.run(["cat", ram], check=True)[1], 0) == device.size_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.guest
 def test_uncorrectable_error_is_logged_by_aer_and_takes_the_region_down() -> None:
     """Last in the module, on a guest of its own: the fatal AER error resets the link,

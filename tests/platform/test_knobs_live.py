@@ -166,6 +166,7 @@ print(got == [page & 0xFF for page in range(len(got))])
 """
 
 
+@pytest.mark.slow
 @pytest.mark.guest
 def test_a_failed_channel_is_rebuilt_on_read(default_platform: Platform) -> None:
     """Pages that reached flash before channel 0 failed are rebuilt from their
@@ -219,6 +220,7 @@ def test_flush_throttling_stalls_the_log_appends_of_the_roi(default_platform: Pl
     assert throttled["device"]["write_log"]["full_stall_ns"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.guest
 def test_a_checksummed_workload_survives_a_gc_storm_and_latency_spikes(default_platform: Platform) -> None:
     """kvstore under a 50 ms GC storm and two 20 ms spikes of +2 us, all in the run:

@@ -111,11 +111,11 @@ def test_replaying_the_recorded_run_gives_the_live_answers(cache_hit_runs: list[
 
 
 def test_cxl_node_all_flash_reads_at_the_configured_latency(default_platform: Platform) -> None:
-    """A 16 MiB data cache, 256 MiB of pages visited cyclically (one line per
+    """A 4 MiB data cache, 64 MiB of pages visited cyclically (one line per
     page): every measured access misses the cache and reads flash."""
     report, results, profile = run_chase(
-        default_platform, "base-cssd", "--bytes", "256M", "--stride", "4096", "--warm", "2",
-        overrides=("ssd_dram.size_bytes=16MiB",),
+        default_platform, "base-cssd", "--bytes", "64M", "--stride", "4096", "--warm", "2",
+        overrides=("ssd_dram.size_bytes=4MiB",),
     )
     controller = Controller.from_profile(profile)
     assert served(results)["flash"] >= 0.99 * report["steps"]
@@ -284,6 +284,7 @@ def test_a_killed_firmware_stops_the_run_with_a_clear_error(default_platform: Pl
     assert results["rois"][0]["cpu"]["device_dropped"] == 0
 
 
+@pytest.mark.slow
 def test_qemu_dying_under_a_run_stops_it_and_leaves_nothing() -> None:
     """SIGKILL to QEMU mid-run (its own guest): the run stops with an error naming
     QEMU, the firmware process is stopped, the instance's files are removed."""
@@ -371,7 +372,6 @@ def test_roi_instructions_are_the_same_on_node0_and_on_the_cxl_node(
     assert_same_counts(cxl, node0_shapes, "CXL node against node 0")
 
 
-@pytest.mark.slow
 def test_roi_instructions_do_not_change_when_the_host_is_loaded(
     default_platform: Platform, node0_shapes: dict[str, int]
 ) -> None:

@@ -327,6 +327,7 @@ def pair(live_instances: set[str]) -> Iterator[MultiPlatform]:
     live_instances.difference_update(names)
 
 
+@pytest.mark.slow
 @pytest.mark.guest
 def test_each_guest_has_its_bridge_address(pair: MultiPlatform) -> None:
     for guest, expected in (("dram-only", "10.77.0.2/24"), ("skybyte-full", "10.77.0.3/24")):
@@ -340,6 +341,7 @@ def test_each_guest_has_its_bridge_address(pair: MultiPlatform) -> None:
     assert pair.network.links() == ["cxbr0", "cxtap0", "cxtap1", "lo"]
 
 
+@pytest.mark.slow
 @pytest.mark.guest
 @pytest.mark.parametrize(("source", "target"), [("dram-only", "skybyte-full"), ("skybyte-full", "dram-only")])
 def test_guests_ping_each_other_over_the_bridge(pair: MultiPlatform, source: str, target: str) -> None:
@@ -351,6 +353,7 @@ def test_guests_ping_each_other_over_the_bridge(pair: MultiPlatform, source: str
     assert result["received"] == result["sent"] == 3
 
 
+@pytest.mark.slow
 @pytest.mark.guest
 def test_guest_ssh_to_the_other_guest_over_the_bridge(pair: MultiPlatform) -> None:
     client, server = pair["dram-only"], pair["skybyte-full"]
@@ -372,6 +375,7 @@ def test_guest_ssh_to_the_other_guest_over_the_bridge(pair: MultiPlatform) -> No
     assert out.decode().strip() == pair.network.ports["skybyte-full"].mac
 
 
+@pytest.mark.slow
 @pytest.mark.guest
 def test_side_by_side_runs_each_guest_under_its_own_design(pair: MultiPlatform) -> None:
     """The same command in both guests at once, each with its own firmware process:
@@ -388,6 +392,7 @@ def test_side_by_side_runs_each_guest_under_its_own_design(pair: MultiPlatform) 
     assert dram["modelled_ns"] < cxl["modelled_ns"]
 
 
+@pytest.mark.slow
 @pytest.mark.guest
 def test_key_value_store_served_from_one_guest_driven_from_the_other(pair: MultiPlatform) -> None:
     """netkv over the bridge: the server on dram-only, the driver on skybyte-full with
@@ -414,6 +419,7 @@ def test_key_value_store_served_from_one_guest_driven_from_the_other(pair: Multi
         channel.close()
 
 
+@pytest.mark.slow
 @pytest.mark.guest
 def test_shutdown_removes_guests_namespace_taps_and_bridge(pair: MultiPlatform) -> None:
     assert pair.network is not None

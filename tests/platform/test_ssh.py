@@ -113,6 +113,7 @@ def test_a_channel_without_eof_ends_after_the_grace_period(
     assert guest.run(["daemon"]) == (0, b"started", b"")
 
 
+@pytest.mark.slow
 @pytest.mark.guest
 def test_large_outputs_arrive_whole(default_platform: Platform) -> None:
     # Before the EOF wait, about one run in 75 lost the tail of /proc/zoneinfo.

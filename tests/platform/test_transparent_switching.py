@@ -52,6 +52,7 @@ def runs(default_platform: Platform, tmp_path_factory: pytest.TempPathFactory) -
     return {**found, ("trace", 3): trace}
 
 
+@pytest.mark.slow
 def test_the_runtimes_tasks_in_the_same_shape_for_comparison(
     runs: dict[tuple[str, int], Any], default_platform: Platform,
 ) -> None:
@@ -96,6 +97,7 @@ def test_one_thread_has_nothing_to_switch_to(runs: dict[tuple[str, int], Any]) -
     assert c1["modelled_ns"] >= 0.99 * base1["modelled_ns"]
 
 
+@pytest.mark.slow
 def test_switches_and_promotions_together_keep_every_word(default_platform: Platform) -> None:
     """Integrity under skybyte-full: three threads incrementing words of a hot set that the
     daemon promotes while the helper parks the threads; the program checks every written
@@ -130,6 +132,7 @@ def test_the_recorded_run_carries_its_threads_and_replays_with_them(runs: dict[t
     assert base == pytest.approx(live["modelled_ns"], rel=0.15) and base / c >= 1.3
 
 
+@pytest.mark.slow
 def test_a_firmware_killed_mid_run_leaves_no_thread_parked(default_platform: Platform, cli: Any) -> None:
     """Issue 14's robustness: the firmware SIGKILLed while three threads are being parked.
     The run stops with the cause; the program, which outlives its SSH channel, finishes
