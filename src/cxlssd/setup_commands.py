@@ -36,7 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     test = subparsers.add_parser(
         "test",
         help="set up, then run ruff, mypy and pytest",
-        description="Extra arguments go to pytest, e.g. `./cxlssd test -m 'not slow'`.",
+        description="Extra arguments go to pytest, e.g. `./cxlssd test -m slow` (the opt-in slow tier) "
+                    "or `./cxlssd test --full` (every tier).",
     )
     test.add_argument("pytest_args", nargs=argparse.REMAINDER, help="arguments passed to pytest")
     test.set_defaults(handler=run_tests)
