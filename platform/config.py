@@ -18,6 +18,7 @@ Example (``platform/configs/default.yaml``)::
       cpi: 1.0
       llc: 2MiB
       llc_ways: 16
+      string_bytes_per_insn: 32 # a REP MOVS/STOS: one instruction per this many bytes
 
 Sizes are strings with a binary unit (``512MiB``, ``1GiB``) or plain byte counts.
 Every key is checked: unknown keys, wrong types and impossible sizes are a
@@ -81,6 +82,7 @@ def format_size(size_bytes: int) -> str:
 MAX_VCPUS = 64
 MAX_BOOT_TIMEOUT_S = 24 * 3600.0
 MAX_LLC_WAYS = 64
+MAX_STRING_BYTES_PER_INSN = 4096  # the plugin's bound: a page per instruction
 MAX_FREQUENCY_GHZ = 100.0
 MAX_CPI = 1000.0
 
@@ -145,6 +147,10 @@ class CpuConfig:
     cpi: float = 1.0
     llc_bytes: int = 2 * MiB
     llc_ways: int = 16
+    # A REP MOVS/STOS (the guest kernel's page copies and clears, copies to and from
+    # user space) is charged one instruction per this many bytes it stores, plus one:
+    # ours, a fast-string copy at one 32-byte store a cycle (docs/plugin.md).
+    string_bytes_per_insn: int = 32
 
     @property
     def insn_ps(self) -> int:
@@ -232,7 +238,7 @@ def _guest_from(raw: dict[str, Any], where: str) -> GuestConfig:
 
 def _cpu_from(raw: dict[str, Any], where: str) -> CpuConfig:
     defaults = CpuConfig()
-    _check_keys(raw, {"frequency_ghz", "cpi", "llc", "llc_ways"}, where)
+    _check_keys(raw, {"frequency_ghz", "cpi", "llc", "llc_ways", "string_bytes_per_insn"}, where)
     llc_bytes = parse_size(raw["llc"], f"{where}.llc") if "llc" in raw else defaults.llc_bytes
     ways = _positive_number(raw.get("llc_ways", defaults.llc_ways), f"{where}.llc_ways", int, MAX_LLC_WAYS)
     sets, rest = divmod(llc_bytes, 64 * ways)
@@ -247,6 +253,9 @@ def _cpu_from(raw: dict[str, Any], where: str) -> CpuConfig:
         cpi=_positive_number(raw.get("cpi", defaults.cpi), f"{where}.cpi", float, MAX_CPI),
         llc_bytes=llc_bytes,
         llc_ways=ways,
+        string_bytes_per_insn=_positive_number(
+            raw.get("string_bytes_per_insn", defaults.string_bytes_per_insn),
+            f"{where}.string_bytes_per_insn", int, MAX_STRING_BYTES_PER_INSN),
     )
 
 

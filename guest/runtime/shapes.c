@@ -9,11 +9,18 @@
  *   ROI 3 sse     a 16-byte SSE load (movdqu)                    8
  *   ROI 4 store   an 8-byte store in the middle of its block     8
  *   ROI 5 chase   a dependent load (the block's first insn)      3
+ *   ROI 6 movsb   rep movsb, 4 KiB from one half of the buffer   5 + the string op
+ *                 to the other
+ *   ROI 7 movsq   rep movsq, the same copy in 8-byte steps       5 + the string op
+ *   ROI 8 stosb   rep stosb, 4 KiB                               5 + the string op
  *
  * The buffer (default 64 KiB) is touched before the ROIs, so with the platform's
  * LLC it stays cached and no shape reaches the device: on the CXL node each access
  * still takes QEMU's MMIO path (docs/live.md, "Modelled time and the host"), which
- * is what the shapes are there to show does not change the count. The platform
+ * is what the shapes are there to show does not change the count. The string shapes
+ * run the fast-string instructions the guest kernel copies and clears pages with;
+ * what the platform charges for the string op itself is the plugin's rule
+ * (docs/plugin.md, "Modelled clock"), so they report their bytes, not a count. The platform
  * compares the ROIs' instruction counts on node 0 and on the CXL node
  * (tests/platform/test_live.py). One JSON line: per shape its ROI id, the
  * instructions per step it should take, and what the guest saw around its ROI (read
@@ -42,6 +49,9 @@
 #define DEFAULT_STEPS (1u << 21)
 #define BODY_INSNS 8u  /* mid, byte, sse, store: see the loops */
 #define CHASE_INSNS 3u
+#define STRING_LOOP_INSNS 5u /* movsb, movsq, stosb: the loop around the string op */
+#define STRING_MAX_BYTES 4096u
+#define N_SHAPES 8u
 #define SETTLE_NS 200000000L /* 200 ms */
 
 static const char USAGE[] = "usage: shapes [--bytes N] [--steps N]\n"
@@ -89,6 +99,26 @@ __attribute__((noinline)) static uint64_t chase(char *buf, uint64_t steps)
                      : "cc", "memory");
     return (uint64_t)(uintptr_t)p;
 }
+
+/* A loop of `steps` string ops of `bytes` bytes each (rcx = count, in units of the op):
+ * three register set-ups, the op, and the loop's dec/jnz. */
+#define STRING_SHAPE(name, SETUP, OP)                                                                 \
+    __attribute__((noinline)) static uint64_t name(char *src, char *dst, uint64_t count, uint64_t steps) \
+    {                                                                                                 \
+        __asm__ volatile("1:\n\t" SETUP "\n\t"                                                        \
+                         "mov %[count], %%rcx\n\t" OP "\n\t"                                          \
+                         "dec %[n]\n\t"                                                                \
+                         "jnz 1b\n\t"                                                                  \
+                         : [n] "+r"(steps)                                                            \
+                         : [src] "r"(src), [dst] "r"(dst), [count] "r"(count)                         \
+                         : "rax", "rcx", "rsi", "rdi", "cc", "memory");                               \
+        return (uint8_t)dst[0];                                                                       \
+    }
+
+STRING_SHAPE(copy_movsb, "mov %[src], %%rsi\n\tmov %[dst], %%rdi", "rep movsb")
+STRING_SHAPE(copy_movsq, "mov %[src], %%rsi\n\tmov %[dst], %%rdi", "rep movsq")
+/* al is the low byte of src: any value will do, the buffer's lines are laid again after. */
+STRING_SHAPE(fill_stosb, "mov %[src], %%rax\n\tmov %[dst], %%rdi", "rep stosb")
 
 struct seen {
     uint64_t guest_ns, timer_interrupts;
@@ -180,7 +210,7 @@ int main(int argc, char **argv)
     nanosleep(&settle, NULL);
     const uint64_t mask = bytes - 1;
     uint64_t check = 0;
-    struct seen seen[5];
+    struct seen seen[N_SHAPES];
 /* Shape `index` inside ROI index + 1, and what the guest saw around it. */
 #define MEASURE(index, call)                                                                          \
     do {                                                                                              \
@@ -197,15 +227,26 @@ int main(int argc, char **argv)
     /* The stores wrote sums over the links: lay the cycle again (outside any ROI). */
     link_lines(buf, bytes);
     MEASURE(4, chase(buf, steps));
+    /* A string op moves bytes / 32 times more data a step than the strided shapes: fewer
+     * steps keep the ROIs' host time alike (each byte is an access under TCG). */
+    const uint64_t string_bytes = bytes / 2 < STRING_MAX_BYTES ? bytes / 2 : STRING_MAX_BYTES;
+    const uint64_t string_steps = steps / 4096 ? steps / 4096 : 1;
+    MEASURE(5, copy_movsb(buf, buf + bytes / 2, string_bytes, string_steps));
+    MEASURE(6, copy_movsq(buf, buf + bytes / 2, string_bytes / 8, string_steps));
+    MEASURE(7, fill_stosb(buf, buf + bytes / 2, string_bytes, string_steps));
 
-    static const char *const names[5] = {"mid", "byte", "sse", "store", "chase"};
+    static const char *const names[N_SHAPES] = {"mid", "byte", "sse", "store", "chase", "movsb", "movsq", "stosb"};
     printf("{\"bytes\": %" PRIu64 ", \"steps\": %" PRIu64 ", \"check\": %" PRIu64 ", \"shapes\": {", bytes,
            steps, check);
-    for (unsigned i = 0; i < 5; i++)
-        printf("%s\"%s\": {\"roi\": %u, \"insns_per_step\": %u, \"guest_ns\": %" PRIu64
-               ", \"timer_interrupts\": %" PRIu64 "}",
-               i ? ", " : "", names[i], i + 1, i < 4 ? BODY_INSNS : CHASE_INSNS, seen[i].guest_ns,
-               seen[i].timer_interrupts);
+    for (unsigned i = 0; i < N_SHAPES; i++) {
+        const int string = i >= 5;
+        printf("%s\"%s\": {\"roi\": %u, \"steps\": %" PRIu64 ", \"insns_per_step\": %u, "
+               "\"string_bytes_per_step\": %" PRIu64 ", \"guest_ns\": %" PRIu64 ", \"timer_interrupts\": %" PRIu64
+               "}",
+               i ? ", " : "", names[i], i + 1, string ? string_steps : steps,
+               string ? STRING_LOOP_INSNS : i < 4 ? BODY_INSNS : CHASE_INSNS, string ? string_bytes : 0,
+               seen[i].guest_ns, seen[i].timer_interrupts);
+    }
     printf("}}\n");
     munmap(buf, bytes);
     return 0;

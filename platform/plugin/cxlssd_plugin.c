@@ -47,6 +47,8 @@
  *                       plugin gives up on the consumer (default 5000)
  *   insn_ps=N           picoseconds per guest instruction (default 333: 3 GHz at CPI 1)
  *   dram_ps=N           picoseconds of an LLC miss to DRAM (default 46000)
+ *   string_bytes=N      bytes a REP MOVS/STOS moves in one instruction's time
+ *                       (default 32, 1..4096; see count_string_store)
  *   ram_top=BYTES       end of the guest's RAM in physical addresses (default 1 TiB):
  *                       promotion reports for pages above it are ignored, so the
  *                       promoted-page table (4 bytes per RAM page) stays bounded
@@ -119,6 +121,8 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_version = CXLSSD_QEMU_PLUGIN_API_VERSION;
 #define DEFAULT_RING_TIMEOUT_MS 5000ULL
 #define DEFAULT_INSN_PS 333ULL
 #define DEFAULT_DRAM_PS 46000ULL
+#define DEFAULT_STRING_BYTES 32ULL
+#define MAX_STRING_BYTES 4096ULL
 #define MAX_CLOCK_PS 1000000000ULL /* 1 ms per instruction or miss: surely a mistake */
 #define MAX_RAM_TOP (1ULL << 40) /* 1 TiB of guest RAM: a 1 GiB promoted-page table at most */
 
@@ -138,6 +142,11 @@ static struct {
     struct cxlssd_roi_event *roi;
     unsigned int n_vslots;
     uint64_t *last_insns; /* per vCPU: instructions already on its local clock */
+    /* per vCPU: where the running REP MOVS/STOS stores next, and its bytes not yet charged */
+    struct string_op {
+        uint64_t next_up, next_down, uncharged_bytes;
+    } *string_ops;
+    uint64_t string_bytes;
     struct cxlssd_pv_slot *pv;   /* the paravirtual clock page's slots (NULL without pv=) */
     unsigned int n_pv;
     uint64_t *clock_seq;  /* per vCPU: clock reads so far */
@@ -651,14 +660,41 @@ static inline void mem_access(unsigned int vcpu, qemu_plugin_meminfo_t info, uin
     }
 }
 
+/* A REP MOVS/STOS store: TCG runs the op one element (1-8 bytes) per iteration, and
+ * counting each iteration as an instruction charged a 4 KiB page copy 4 096
+ * instructions (1.4 us) where a core with fast strings (the guest's CPU reports erms
+ * and fsrm) moves it at tens of bytes a cycle. The op is charged one instruction when
+ * it starts and one per string_bytes bytes it stores; its line misses are charged by
+ * the LLC model as for any access. An op starts where a store does not continue the
+ * previous one (the next element up, or down with the direction flag set). */
+static void count_string_store(unsigned int vcpu, uint64_t vaddr, unsigned int bytes)
+{
+    struct string_op *op = &P.string_ops[vcpu];
+    uint64_t charge = 0;
+    if (vaddr != op->next_up && vaddr != op->next_down) {
+        charge = 1;
+        op->uncharged_bytes = 0;
+    }
+    op->next_up = vaddr + bytes;
+    op->next_down = vaddr - bytes;
+    op->uncharged_bytes += bytes;
+    charge += op->uncharged_bytes / P.string_bytes;
+    op->uncharged_bytes %= P.string_bytes;
+    if (charge) {
+        qemu_plugin_u64_add(P.insns, vcpu, charge);
+    }
+}
+
 static void answer_query(unsigned int vcpu);
 static void look_at_mailbox(unsigned int vcpu, int idle);
 
 static void on_mem(unsigned int vcpu, qemu_plugin_meminfo_t info, uint64_t vaddr, void *userdata)
 {
-    (void)userdata;
     if (__builtin_expect(vcpu >= P.n_vslots, 0)) {
         return;
+    }
+    if (userdata != NULL && qemu_plugin_mem_is_store(info)) {
+        count_string_store(vcpu, vaddr, 1u << qemu_plugin_mem_size_shift(info));
     }
     mem_access(vcpu, info, vaddr);
     if (__builtin_expect(P.query_state != NULL && P.query_state[vcpu] != QUERY_NONE, 0)) {
@@ -683,6 +719,29 @@ static uint32_t marker_code(const struct qemu_plugin_insn *insn)
     }
     uint32_t cmd = b[6];
     return cmd >= CXLSSD_CMD_ROI_BEGIN && cmd <= CXLSSD_CMD_LAST ? cmd << 16 | b[5] << 8 | b[4] : 0;
+}
+
+/* Whether the instruction is a REP MOVS or REP STOS (the fast-string ops): legacy
+ * prefixes including F3 or F2, an optional REX, then A4/A5 (MOVS) or AA/AB (STOS).
+ * The guest's code is 64-bit; 0x40-0x4f is taken as REX. */
+static int is_fast_string(const struct qemu_plugin_insn *insn)
+{
+    uint8_t b[15];
+    size_t n = qemu_plugin_insn_data(insn, b, sizeof b);
+    int rep = 0;
+    size_t i = 0;
+    for (; i < n; i++) {
+        if (b[i] == 0xf3 || b[i] == 0xf2) {
+            rep = 1;
+        } else if (b[i] != 0x66 && b[i] != 0x67 && b[i] != 0x2e && b[i] != 0x3e && b[i] != 0x26 &&
+                   b[i] != 0x36 && b[i] != 0x64 && b[i] != 0x65 && b[i] != 0xf0) {
+            break;
+        }
+    }
+    if (i < n && (b[i] & 0xf0) == 0x40) {
+        i++;
+    }
+    return rep && i < n && (b[i] == 0xa4 || b[i] == 0xa5 || b[i] == 0xaa || b[i] == 0xab);
 }
 
 /* Wait until the firmware stores `seq` at `answer`; 0 if it was lost meanwhile. */
@@ -1019,13 +1078,15 @@ static void on_tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
      * that is not its block's last instruction, as a CXL access mid-block is, makes
      * QEMU 10 leave the block there and run that instruction alone, instrumented for
      * memory only (cpu_io_recompile, CF_MEMI_ONLY), then go on in a new block: a
-     * per-block count would count the rest of the block twice, every time. */
+     * per-block count would count the rest of the block twice, every time. A REP
+     * MOVS/STOS is not counted per iteration but by the bytes it stores (on_mem). */
     if (!P.active) {
         qemu_plugin_register_vcpu_tb_exec_inline_per_vcpu(tb, QEMU_PLUGIN_INLINE_ADD_U64, P.insns, n);
     }
     for (size_t i = 0; i < n; i++) {
         struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
-        if (P.active) {
+        const int fast_string = P.active && is_fast_string(insn);
+        if (P.active && !fast_string) {
             qemu_plugin_register_vcpu_insn_exec_inline_per_vcpu(insn, QEMU_PLUGIN_INLINE_ADD_U64, P.insns, 1);
         }
         uint32_t code = marker_code(insn);
@@ -1034,7 +1095,8 @@ static void on_tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
                                                    (void *)(uintptr_t)code);
         }
         if (P.active) {
-            qemu_plugin_register_vcpu_mem_cb(insn, on_mem, QEMU_PLUGIN_CB_NO_REGS, QEMU_PLUGIN_MEM_RW, NULL);
+            qemu_plugin_register_vcpu_mem_cb(insn, on_mem, QEMU_PLUGIN_CB_NO_REGS, QEMU_PLUGIN_MEM_RW,
+                                             fast_string ? (void *)&P.string_ops : NULL);
         }
     }
 }
@@ -1235,7 +1297,8 @@ static int setup_area(const char *shm_path, unsigned int vcpu_slots)
     size_t bytes = roi_offset + (size_t)CXLSSD_ROI_SLOTS * CXLSSD_ROI_EVENT_BYTES;
     bytes = (bytes + 4095) & ~(size_t)4095;
     P.last_insns = calloc(vcpu_slots, sizeof *P.last_insns);
-    if (P.last_insns == NULL) {
+    P.string_ops = calloc(vcpu_slots, sizeof *P.string_ops);
+    if (P.last_insns == NULL || P.string_ops == NULL) {
         return bad_arg("(counters)", "out of memory");
     }
     if (shm_path == NULL) {
@@ -1396,8 +1459,8 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
     unsigned int n_windows = 0;
     uint64_t llc_bytes = DEFAULT_LLC_BYTES, llc_ways = DEFAULT_LLC_WAYS, ring_records = DEFAULT_RING_RECORDS;
     uint64_t timeout_ms = DEFAULT_RING_TIMEOUT_MS, insn_ps = DEFAULT_INSN_PS, dram_ps = DEFAULT_DRAM_PS;
-    uint64_t ram_top = MAX_RAM_TOP;
-    int seen_llc = 0, seen_ways = 0, seen_records = 0, seen_timeout = 0, seen_ps = 0, seen_dram = 0;
+    uint64_t ram_top = MAX_RAM_TOP, string_bytes = DEFAULT_STRING_BYTES;
+    int seen_string = 0, seen_llc = 0, seen_ways = 0, seen_records = 0, seen_timeout = 0, seen_ps = 0, seen_dram = 0;
     int seen_ram_top = 0, seen_doorbell = 0, seen_promote = 0;
     uint64_t doorbell = 0, promote = 0;
     const char *mode = NULL;
@@ -1469,6 +1532,7 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
                 {"insn_ps", &insn_ps, &seen_ps},
                 {"dram_ps", &dram_ps, &seen_dram},
                 {"ram_top", &ram_top, &seen_ram_top},
+                {"string_bytes", &string_bytes, &seen_string},
                 {"doorbell_fd", &doorbell, &seen_doorbell},
                 {"promote_fd", &promote, &seen_promote},
             };
@@ -1478,7 +1542,7 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
             }
             if (k == sizeof numbers / sizeof *numbers) {
                 return bad_arg(arg, "unknown key (expected out, shm, window, llc, llc_ways, ring, "
-                                    "ring_records, ring_timeout_ms, insn_ps, dram_ps, ram_top, mode, pv, doorbell_fd, promote_fd or cache_map)");
+                                    "ring_records, ring_timeout_ms, insn_ps, dram_ps, string_bytes, ram_top, mode, pv, doorbell_fd, promote_fd or cache_map)");
             }
             if (*numbers[k].seen || parse_u64(value, value_end, numbers[k].value) != 0) {
                 return bad_arg(arg, "must be given once, with a number");
@@ -1507,6 +1571,9 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
     if (dram_ps > MAX_CLOCK_PS) {
         return bad_arg("dram_ps", "must be 0..1000000000");
     }
+    if (string_bytes == 0 || string_bytes > MAX_STRING_BYTES) {
+        return bad_arg("string_bytes", "must be 1..4096");
+    }
     if (ram_top == 0 || ram_top > MAX_RAM_TOP) {
         return bad_arg("ram_top", "must be 1..2^40 bytes");
     }
@@ -1533,6 +1600,7 @@ CXLSSD_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_inf
     P.timeout_ns = timeout_ms * 1000000ULL;
     P.insn_ps = insn_ps;
     P.dram_ps = dram_ps;
+    P.string_bytes = string_bytes;
     P.active = mode == NULL || strcmp(mode, "active") == 0;
     P.id = id;
 

@@ -137,6 +137,7 @@ uint64_t qemu_plugin_hwaddr_phys_addr(const struct qemu_plugin_hwaddr *haddr);
 struct qemu_plugin_scoreboard *qemu_plugin_scoreboard_new(size_t element_size);
 void qemu_plugin_scoreboard_free(struct qemu_plugin_scoreboard *score);
 uint64_t qemu_plugin_u64_get(qemu_plugin_u64 entry, unsigned int vcpu_index);
+void qemu_plugin_u64_add(qemu_plugin_u64 entry, unsigned int vcpu_index, uint64_t added);
 int qemu_plugin_num_vcpus(void);
 
 void qemu_plugin_outs(const char *string);

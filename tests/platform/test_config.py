@@ -58,6 +58,8 @@ def test_shipped_configs_load() -> None:
         ({"gust": {}}, "unknown key 'gust'; did you mean 'guest'"),
         ({"guest": {"vcpu": 2}}, "did you mean 'vcpus'"),
         ({"guest": {"vcpus": 0}}, "guest.vcpus: must be positive"),
+        ({"cpu": {"string_bytes_per_insn": 0}}, "cpu.string_bytes_per_insn: must be positive"),
+        ({"cpu": {"string_bytes_per_insn": 8192}}, "at most 4096"),
         ({"guest": {"dram": "100MiB"}}, "not a multiple of 128MiB"),
         ({"guest": {"clock": "wall"}}, "guest.clock: expected one of instructions, host, got 'wall'"),
         ({"guest": {"kernel_helper": "yes"}}, "guest.kernel_helper: expected true or false, got 'yes'"),

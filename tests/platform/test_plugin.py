@@ -126,6 +126,8 @@ def _qemu_none(plugin_arg: str) -> subprocess.CompletedProcess[str]:
         ("ring_timeout_ms=0", "must be 1..3600000"),
         ("insn_ps=x", "must be given once, with a number"),
         ("ring=", "ring= must be given once"),
+        ("string_bytes=0", "must be 1..4096"),
+        ("string_bytes=4097", "must be 1..4096"),
         ("ram_top=0", "must be 1..2^40 bytes"),
         ("ram_top=0x10000000001", "must be 1..2^40 bytes"),
         ("doorbell_fd=999", "must be an open descriptor QEMU inherited"),
