@@ -432,7 +432,8 @@ def live_row(experiment: Experiment, platform: Platform, point: Point) -> dict[s
         scenario.prepare()  # with the plugin still dormant: faster
     timeout_s = experiment.point_timeout_s
     try:
-        with platform.attach(point.design, experiment.profile_overrides(point)) as session:
+        with platform.lost_connection_explained(), \
+                platform.attach(point.design, experiment.profile_overrides(point)) as session:
             for at_ms, knob in point.inject:
                 send_knob(platform, knob, at_ms)
             with scenario if scenario is not None else contextlib.nullcontext():

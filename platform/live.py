@@ -293,10 +293,11 @@ class LiveSession(Lifecycle):
         bound = ["numactl", f"--membind={self.node}", *argv] if bind else list(argv)
         if self.promotes:
             bound = ["cxlssd-promote", "--", *bound]
-        return self.platform.guest().run(
-            with_guest_env(bound), stdout=stdout, stderr=stderr, check=check, watch=self.check,
-            timeout_s=timeout_s,
-        )
+        with self.platform.lost_connection_explained():
+            return self.platform.guest().run(
+                with_guest_env(bound), stdout=stdout, stderr=stderr, check=check, watch=self.check,
+                timeout_s=timeout_s,
+            )
 
     def check(self) -> None:
         """Raise :class:`FirmwareError` if the firmware died or the plugin gave up on it,

@@ -24,7 +24,7 @@ import signal
 import stat
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +59,7 @@ FIRST_CXL_BUS, CXL_BUS_STRIDE = 12, 8
 SHUTDOWN_TIMEOUT_S = 15.0
 SERIAL_TAIL_LINES = 25
 KEEP_LOG_DIRS = 20
+QEMU_REAP_GRACE_S = 1.0  # a lost guest connection waits this long to see whether QEMU died
 PRUNE_AFTER_S = 3600  # only log dirs written to longer ago than this are pruned
 PR_SET_PDEATHSIG = 1
 # q35 puts guest RAM above 2 GiB at 4 GiB and up: DRAM + 4 GiB bounds its addresses
@@ -86,7 +87,8 @@ class PluginFiles:
         options = [
             str(ensure_plugin()), f"shm={self.counters}", f"ring={self.ring}", f"pv={self.pv}",
             f"out={self.report}", "mode=dormant", f"llc={cpu.llc_bytes}", f"llc_ways={cpu.llc_ways}",
-            f"insn_ps={cpu.insn_ps}", f"ram_top={config.guest.dram_bytes + RAM_TOP_SLACK_BYTES}",
+            f"insn_ps={cpu.insn_ps}", f"string_bytes={cpu.string_bytes_per_insn}",
+            f"ram_top={config.guest.dram_bytes + RAM_TOP_SLACK_BYTES}",
         ]
         if doorbell_fd is not None:
             options.append(f"doorbell_fd={doorbell_fd}")
@@ -384,6 +386,20 @@ class Platform(Lifecycle):
     def check_running(self) -> None:
         """A :class:`GuestError` if QEMU died under the platform (a run's watchdog)."""
         self._check_alive("running")
+
+    @contextlib.contextmanager
+    def lost_connection_explained(self) -> Iterator[None]:
+        """A connection to the guest lost because QEMU died is that :class:`GuestError`
+        (naming QEMU and how it ended), not the socket's "Connection reset by peer"."""
+        try:
+            yield
+        except (OSError, EOFError, paramiko.SSHException):
+            # A killed process's sockets close before it can be reaped: give it a moment.
+            deadline = time.monotonic() + QEMU_REAP_GRACE_S
+            while time.monotonic() < deadline:
+                self.check_running()
+                time.sleep(0.05)
+            raise
 
     def _check_alive(self, phase: str = "booting") -> None:
         process = self._process
