@@ -666,7 +666,8 @@ static inline void mem_access(unsigned int vcpu, qemu_plugin_meminfo_t info, uin
  * and fsrm) moves it at tens of bytes a cycle. The op is charged one instruction when
  * it starts and one per string_bytes bytes it stores; its line misses are charged by
  * the LLC model as for any access. An op starts where a store does not continue the
- * previous one (the next element up, or down with the direction flag set). */
+ * previous one (the next element up, or down with the direction flag set); one with a
+ * zero count stores nothing and is not counted. */
 static void count_string_store(unsigned int vcpu, uint64_t vaddr, unsigned int bytes)
 {
     struct string_op *op = &P.string_ops[vcpu];
@@ -1096,7 +1097,7 @@ static void on_tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
         }
         if (P.active) {
             qemu_plugin_register_vcpu_mem_cb(insn, on_mem, QEMU_PLUGIN_CB_NO_REGS, QEMU_PLUGIN_MEM_RW,
-                                             fast_string ? (void *)&P.string_ops : NULL);
+                                             fast_string ? (void *)&P.string_ops : NULL); /* non-NULL: a string op */
         }
     }
 }

@@ -335,9 +335,12 @@ def test_guest_exec_rejects_bad_design_options_before_booting(cli: Any) -> None:
 # -- modelled time does not depend on the host (issue 15) ------------------------------
 
 SAME_COUNT = 0.02  # ROI instructions: node 0 against the CXL node, idle against loaded host
-# What one guest timer tick inside an ROI may add: ~3 500 instructions measured in
-# ``shapes``' string ROIs. The guest's clock (-icount) advances one nanosecond per TCG
-# iteration, so a 2.3 ms bytewise-string ROI sees a 4 ms tick or none, by its phase.
+# What one guest interrupt inside an ROI may add: ~3 500 instructions for a timer tick
+# measured in ``shapes``' string ROIs. The guest's clock (-icount) advances one nanosecond
+# per TCG iteration, so a bytewise-string ROI spans 2.3 ms of guest time for ~70 000
+# instructions: it sees a 4 ms tick or none, by its phase, and sometimes another
+# interrupt (the SSH session's network: +2 202 instructions on the CXL node once, with
+# the same ticks). Allowed: the ticks one ROI saw more, and one interrupt besides.
 TICK_INSNS = 10_000
 
 
@@ -360,25 +363,25 @@ def run_shapes(platform: Platform, design: str) -> Shapes:
 
 
 def assert_same_counts(shapes: Shapes, reference: Shapes, what: str) -> None:
-    """Every shape counts what it counts in ``reference``, but for the ticks one saw more."""
+    """Every shape counts what it counts in ``reference``, but for the interrupts one saw more."""
     off = {name: shapes.counts[name] / reference.counts[name] - 1 for name in reference.counts}
     print(f"{what}: " + ", ".join(f"{name} {delta:+.2%}" for name, delta in off.items()))
     for name, count in reference.counts.items():
         ticks = abs(shapes.report[name]["timer_interrupts"] - reference.report[name]["timer_interrupts"])
-        assert abs(shapes.counts[name] - count) <= SAME_COUNT * count + TICK_INSNS * ticks, (what, name)
+        assert abs(shapes.counts[name] - count) <= SAME_COUNT * count + TICK_INSNS * (ticks + 1), (what, name)
 
 
 def assert_strings_charged_by_bytes(shapes: Shapes, what: str) -> None:
     """A string shape counts its loop, 1 per op and 1 per ``string_bytes_per_insn`` bytes
-    stored a step, and at most a tick's instructions more per tick it saw."""
+    stored a step, and at most an interrupt's instructions more per tick it saw, and one."""
     per_insn = load_config().cpu.string_bytes_per_insn
     for name in ("movsb", "movsq", "stosb"):
         shape = shapes.report[name]
         expected = shape["steps"] * (shape["insns_per_step"] + 1 + shape["string_bytes_per_step"] // per_insn)
         print(f"{what} {name}: {shapes.counts[name]} instructions, {expected} expected")
         assert expected <= shapes.counts[name], (what, name)
-        assert shapes.counts[name] <= expected * (1 + SAME_COUNT) + TICK_INSNS * shape["timer_interrupts"], (
-            what, name)
+        interrupts = shape["timer_interrupts"] + 1
+        assert shapes.counts[name] <= expected * (1 + SAME_COUNT) + TICK_INSNS * interrupts, (what, name)
 
 
 @pytest.fixture(scope="module")
