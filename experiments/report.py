@@ -18,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cxlssd.errors import PrerequisiteError
 from cxlssd.experiments.spec import Experiment
 from cxlssd.firmware.profile import load_profile
 from cxlssd.platform.config import load_config
@@ -182,12 +183,16 @@ def _versions() -> dict[str, str]:
     from cxlssd.platform.plugin.build import source_hash
     from cxlssd.platform.qemu import check_qemu
 
+    try:
+        qemu = check_qemu().version_text.splitlines()[0]
+    except PrerequisiteError:
+        qemu = "not installed (replay points need none)"
     repo = Path(__file__).resolve().parents[1]
     git = subprocess.run(["git", "-C", str(repo), "describe", "--always", "--dirty"], capture_output=True,
                          text=True, check=False)
     return {
         "cxlssd": git.stdout.strip() or "unknown",
-        "qemu": check_qemu().version_text.splitlines()[0],
+        "qemu": qemu,
         "plugin": source_hash(),
         "guest_runtime": runtime_key(),
     }

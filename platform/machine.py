@@ -257,15 +257,15 @@ class Platform(Lifecycle):
     def launch(self) -> None:
         """Boot the guest and bring the CXL devices up as NUMA nodes.
         On any failure (or Ctrl-C) everything started so far is stopped."""
-        qemu = check_qemu()
-        image = self._image or ensure_image()
-        runtime = ensure_runtime()  # built before booting: a compiler error costs no boot
-        helper = ensure_module(image.kernel) if self.kernel_helper else None
         root = runtime_root()
         # Reap first: a dead instance's backing files would count against the capacity.
         for name in reap_stale_instances():
             log.info("removed the leftovers of instance %s (its owner had died)", name)
-        check_host_capacity(self.config, root)
+        check_host_capacity(self.config, root)  # the input first: before minutes of building
+        qemu = check_qemu()
+        image = self._image or ensure_image()
+        runtime = ensure_runtime()  # built before booting: a compiler error costs no boot
+        helper = ensure_module(image.kernel) if self.kernel_helper else None
         log.info("%s", probe_kvm().notice())
         try:
             self._start(qemu, image, root)

@@ -84,7 +84,11 @@ def _installed(requirement: Requirement) -> bool:
 
 
 def run_tests(args: argparse.Namespace) -> int:
-    run_setup(args)
+    pytest_args = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
+    if selects_guest_tests(pytest_args):
+        run_setup(args)
+    else:
+        log.info("no test that runs QEMU is selected: QEMU and the guest image are not needed")
     for extra in TEST_EXTRAS:
         ensure_extra(extra)
     checks = [
@@ -97,8 +101,31 @@ def run_tests(args: argparse.Namespace) -> int:
             log.error("error: %s found problems (see above)", name)
             return 1
     log.info("== pytest")
-    pytest_args = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
     # -P: the repo root's platform/ folder must not shadow the standard library module.
     return subprocess.run(
         [sys.executable, "-P", "-m", "pytest", *pytest_args], cwd=REPO_ROOT
     ).returncode
+
+
+def selects_guest_tests(pytest_args: list[str]) -> bool:
+    """Whether ``pytest_args`` select a test marked ``guest`` (one that runs QEMU), so the
+    run needs QEMU and the guest image: pytest collects the selection narrowed to
+    ``guest`` tests (a few seconds) and says whether anything is left. Paths, ``-k`` and
+    ``-m`` all count; a selection that collection cannot settle needs them."""
+    rest, markexpr = [], None
+    arguments = iter(pytest_args)
+    for argument in arguments:
+        if argument == "-m":
+            markexpr = next(arguments, "")
+        elif argument.startswith("-m") and not argument.startswith("--"):
+            markexpr = argument[2:]
+        else:
+            rest.append(argument)
+    narrowed = "guest" if markexpr is None else f"({markexpr}) and guest"
+    collect = [sys.executable, "-P", "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+               *rest, "-m", narrowed]
+    status = subprocess.run(collect, cwd=REPO_ROOT, capture_output=True).returncode
+    return status != PYTEST_NO_TESTS_COLLECTED
+
+
+PYTEST_NO_TESTS_COLLECTED = 5  # pytest's exit status when the selection is empty

@@ -288,9 +288,9 @@ def _paused(name: str, dynamic_capacity: str = "") -> Iterator[str]:
     """QEMU 10 with one 256 MiB CXL Type-3 device, never started (-S), registered as
     a running instance; the platform's own device options and two QMP sockets.
     ``dynamic_capacity``: the DC part of the device (its options after a backend)."""
+    qemu = check_qemu()
     rundir = runtime_root() / name
     rundir.mkdir(mode=0o700)
-    qemu = check_qemu()
     argv = [
         qemu.binary, "-M", "q35,cxl=on", "-accel", "tcg", "-S", "-m", "512M,maxmem=2G,slots=4",
         "-display", "none", "-monitor", "none", "-nodefaults",
@@ -335,6 +335,7 @@ def paused_dcd() -> Iterator[str]:
     yield from _paused(f"paused-dcd-{os.getpid()}", ",volatile-dc-memdev=cxl-dc0,num-dc-regions=2")
 
 
+@pytest.mark.guest
 def test_every_kind_is_accepted_by_qemu_10(paused_qemu: str) -> None:
     instance = RunningInstance.find(paused_qemu)
     for injection in (
@@ -351,12 +352,14 @@ def test_every_kind_is_accepted_by_qemu_10(paused_qemu: str) -> None:
         assert record.instance == paused_qemu and record.command == injection.command
 
 
+@pytest.mark.guest
 def test_qemus_own_refusal_is_a_clear_error(paused_qemu: str) -> None:
     inject(paused_qemu, Poison(dpa=0x1000, length=128))
     with pytest.raises(ConfigError, match=r"QEMU refused cxl-inject-poison.*Overlap.*must not overlap"):
         inject(paused_qemu, Poison(dpa=0x1040))
 
 
+@pytest.mark.guest
 def test_cli_injects_into_an_instance_by_name(
     paused_qemu: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -365,12 +368,14 @@ def test_cli_injects_into_an_instance_by_name(
     assert record["arguments"] == {"path": "/machine/peripheral/cxl-vmem0", "start": 0x1000, "length": 64}
 
 
+@pytest.mark.guest
 def test_dynamic_capacity_on_a_device_without_it_is_refused_before_sending(paused_qemu: str) -> None:
     """QEMU is asked what the device is (QOM), and the request is not sent."""
     with pytest.raises(ConfigError, match=r"not a dynamic capacity device.*platform/configs/dcd.yaml"):
         inject(paused_qemu, DcAdd(extents=_extents((0, 2))))
 
 
+@pytest.mark.guest
 def test_dynamic_capacity_is_checked_against_the_regions_qemu_reports(paused_dcd: str) -> None:
     instance = RunningInstance.find(paused_dcd)
     assert read_dc_layout(instance, instance.devices[0]) == DcLayout(
@@ -388,6 +393,7 @@ def test_dynamic_capacity_is_checked_against_the_regions_qemu_reports(paused_dcd
     ]
 
 
+@pytest.mark.guest
 def test_qemu_keeps_added_extents_pending_until_the_host_accepts_them(paused_dcd: str) -> None:
     """QEMU's own view (it has no query for extents): an added extent is pending, so
     adding or releasing it again is refused with the reason; a release of a range
@@ -403,6 +409,7 @@ def test_qemu_keeps_added_extents_pending_until_the_host_accepts_them(paused_dcd
     inject(paused_dcd, DcAdd(extents=_extents((4, 2))))  # the next block is still free
 
 
+@pytest.mark.guest
 def test_cli_adds_dynamic_capacity_by_name(paused_dcd: str, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ("inject", "--instance", paused_dcd, "dc-add", "--region", "1", "--extent", "0:2MiB",
             "--extent", "0x400000:0x400000")

@@ -136,6 +136,7 @@ def _qemu_none(plugin_arg: str) -> subprocess.CompletedProcess[str]:
         ("cache_map=", "cache_map= must be given once"),
     ],
 )
+@pytest.mark.guest
 def test_bad_arguments_stop_qemu_with_the_plugins_message(plugin: Path, args: str, message: str) -> None:
     result = _qemu_none(f"{plugin},{args}")
     assert result.returncode != 0
@@ -143,6 +144,7 @@ def test_bad_arguments_stop_qemu_with_the_plugins_message(plugin: Path, args: st
     assert "Could not load plugin" in result.stderr
 
 
+@pytest.mark.guest
 def test_existing_shm_file_is_refused(plugin: Path, tmp_path: Path) -> None:
     taken = tmp_path / "counters"
     taken.write_bytes(b"someone else's")
@@ -151,6 +153,7 @@ def test_existing_shm_file_is_refused(plugin: Path, tmp_path: Path) -> None:
     assert taken.read_bytes() == b"someone else's"
 
 
+@pytest.mark.guest
 def test_good_arguments_load_and_write_json_at_exit(plugin: Path, tmp_path: Path) -> None:
     out = tmp_path / "counters.json"
     result = _qemu_none(f"{plugin},out={out},shm={tmp_path / 'c'},window=0x1000:0x1000")
@@ -165,6 +168,7 @@ def test_good_arguments_load_and_write_json_at_exit(plugin: Path, tmp_path: Path
 # -- counting without booting Linux (firmware only, a few seconds) -----------------------
 
 
+@pytest.mark.guest
 def test_counts_accesses_in_a_window_published_while_running(plugin: Path, tmp_path: Path) -> None:
     """SeaBIOS runs in a bare q35 machine: publish its low memory as a 'window'
     and the plugin counts its loads and stores there, live and at exit."""
