@@ -21,7 +21,6 @@ keeps running while it is taken).
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import time
 from dataclasses import dataclass, fields
@@ -46,9 +45,9 @@ from cxlssd.abi.protocol import (
     WINDOW_SLOT_DTYPE,
     word,
 )
-from cxlssd.abi.shared_file import map_when_ready
+from cxlssd.abi.shared_file import MappedFile
 from cxlssd.errors import InputError
-from cxlssd.lifecycle import Lifecycle, pid_alive
+from cxlssd.lifecycle import pid_alive
 
 LINE_BYTES = 64  # windows are whole lines
 _U64_PER_SLOT = WINDOW_SLOT_DTYPE.itemsize // 8
@@ -172,13 +171,17 @@ class CounterSnapshot:
         )
 
 
-class PluginCounters(Lifecycle):
+class PluginCounters(MappedFile):
     """The plugin's shared counters file, mapped read-write (publishing windows
     writes to it). Use as a context manager or call :meth:`open`/:meth:`close`."""
 
+    what = "cxlssd plugin counters file"
+    plugin_arg = "shm"
+    header_bytes = COUNTERS_HEADER_BYTES
+    magic = COUNTERS_MAGIC
+
     def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self._map: mmap.mmap | None = None
+        super().__init__(path)
         self._u32: np.ndarray | None = None
         self._u64: np.ndarray | None = None
         self.vcpu_slots = 0
@@ -190,27 +193,6 @@ class PluginCounters(Lifecycle):
         self._vcpu_u64 = 0
         self._roi_u64 = 0
         self.roi_slots = 0
-
-    def _begin(self) -> None:
-        self.open()
-
-    def _end(self, error: BaseException | None) -> None:
-        self.close()
-
-    def open(self, timeout_s: float = 60.0) -> None:
-        """Map the file, waiting up to ``timeout_s`` for the plugin to create and
-        initialise it. An :class:`InputError` if it never appears or is not a
-        counters file of this layout version."""
-        self._attach(
-            map_when_ready(
-                self.path,
-                COUNTERS_HEADER_BYTES,
-                COUNTERS_MAGIC,
-                timeout_s,
-                "cxlssd plugin counters file",
-                "shm",
-            )
-        )
 
     def _attach(self, mapped: mmap.mmap) -> None:
         u32 = np.frombuffer(mapped, np.uint32)
@@ -235,9 +217,7 @@ class PluginCounters(Lifecycle):
             problem = f"vCPU slots of {header['vcpu_slot_bytes']} bytes"
         if problem is not None:
             del u32
-            mapped.close()
             raise InputError(f"{self.path}: not a usable plugin counters file: {problem}")
-        self._map = mapped
         self._u32 = u32
         self._u64 = np.frombuffer(mapped, np.uint64)
         self.vcpu_slots = header["vcpu_slots"]
@@ -250,20 +230,11 @@ class PluginCounters(Lifecycle):
         self._roi_u64 = header["roi_offset"] // 8
         self.roi_slots = header["roi_slots"]
 
-    def close(self) -> None:
-        """Unmap the file (the file itself belongs to the instance's runtime dir)."""
-        # numpy views pin the mapping: drop them before closing it.
+    def _detach(self) -> None:
         self._u32 = self._u64 = None
-        if self._map is not None:
-            # A view still held (by a traceback's frame, say) keeps the mapping until it goes.
-            with contextlib.suppress(BufferError):
-                self._map.close()
-            self._map = None
 
     def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._u32 is None or self._u64 is None:
-            raise InputError(f"plugin counters {self.path} are not open")
-        return self._u32, self._u64
+        return self._open_view(self._u32), self._open_view(self._u64)
 
     @property
     def qemu_pid(self) -> int:

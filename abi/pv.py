@@ -41,8 +41,7 @@ from cxlssd.abi.protocol import (
     offset,
     word,
 )
-from cxlssd.abi.shared_file import map_when_ready
-from cxlssd.lifecycle import Lifecycle
+from cxlssd.abi.shared_file import MappedFile
 
 # u64 word of the header's u32 features (low half) and scheduler (high half)
 _FEATURES_WORD = offset(PV_HEADER_DTYPE, "features") // 8
@@ -61,36 +60,28 @@ def create_page(path: Path) -> None:
         os.close(fd)
 
 
-class PvPage(Lifecycle):
+class PvPage(MappedFile):
     """The firmware's side: answers to clock reads and queries, the mailbox."""
 
+    what = "cxlssd pv page"
+    plugin_arg = "pv"
+    header_bytes = PV_BYTES
+    magic = PV_MAGIC
+
     def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self._map: mmap.mmap | None = None
+        super().__init__(path)
         self._u64: np.ndarray | None = None
 
-    def open(self, timeout_s: float = 60.0) -> None:
-        self._map = map_when_ready(self.path, PV_BYTES, PV_MAGIC, timeout_s, "cxlssd pv page", "pv")
-        self._u64 = np.frombuffer(self._map, np.uint64)
+    def _attach(self, mapped: mmap.mmap) -> None:
+        self._u64 = np.frombuffer(mapped, np.uint64)
 
-    def close(self) -> None:
+    def _detach(self) -> None:
         if self._u64 is not None:
             self._u64[_FEATURES_WORD] = 0  # the guest sees no firmware until the next one
         self._u64 = None
-        if self._map is not None:
-            self._map.close()
-            self._map = None
-
-    def _begin(self) -> None:
-        self.open()
-
-    def _end(self, error: BaseException | None) -> None:
-        self.close()
 
     def _words(self) -> np.ndarray:
-        if self._u64 is None:
-            raise RuntimeError(f"pv page {self.path} is not open")
-        return self._u64
+        return self._open_view(self._u64)
 
     def _header(self, field: str) -> int:
         """A u32 field of the header."""

@@ -18,7 +18,6 @@ none is attached are counted as dropped by the plugin, not queued.
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
 from dataclasses import dataclass
@@ -41,9 +40,9 @@ from cxlssd.abi.protocol import (
     RING_VERSION,
     word,
 )
-from cxlssd.abi.shared_file import map_when_ready
+from cxlssd.abi.shared_file import MappedFile
 from cxlssd.errors import InputError
-from cxlssd.lifecycle import Lifecycle, pid_alive
+from cxlssd.lifecycle import pid_alive
 
 STATE_NAMES = {
     RING_RUNNING: "running",
@@ -94,15 +93,19 @@ class RingStatus:
         return STATE_NAMES.get(self.producer_state, f"unknown ({self.producer_state})")
 
 
-class RequestRing(Lifecycle):
+class RequestRing(MappedFile):
     """The ring file, mapped read-write, attached as its (only) consumer; with
     ``consume=False`` an observer that only reads :meth:`status` (e.g. the
     platform watching for a dead firmware) and never attaches."""
 
+    what = "cxlssd request ring"
+    plugin_arg = "ring"
+    header_bytes = RING_HEADER_BYTES
+    magic = RING_MAGIC
+
     def __init__(self, path: Path, consume: bool = True) -> None:
-        self.path = Path(path)
+        super().__init__(path)
         self.consume = consume
-        self._map: mmap.mmap | None = None
         self._u32: np.ndarray | None = None
         self._u64: np.ndarray | None = None
         self._records: np.ndarray | None = None
@@ -110,19 +113,6 @@ class RequestRing(Lifecycle):
         self.insn_ps = 0
         self.timeout_ns = 0
         self._tail = 0
-
-    def _begin(self) -> None:
-        self.open()
-
-    def _end(self, error: BaseException | None) -> None:
-        self.close()
-
-    def open(self, timeout_s: float = 60.0) -> None:
-        """Map the ring (waiting up to ``timeout_s`` for the plugin to create
-        it) and attach as its consumer."""
-        self._attach(
-            map_when_ready(self.path, RING_HEADER_BYTES, RING_MAGIC, timeout_s, "cxlssd request ring", "ring")
-        )
 
     def _attach(self, mapped: mmap.mmap) -> None:
         u32 = np.frombuffer(mapped, np.uint32, RING_HEADER_BYTES // 4)
@@ -147,9 +137,7 @@ class RequestRing(Lifecycle):
             problem = f"another consumer (pid {int(u64[_W_CONSUMER_PID])}) is attached"
         if problem is not None:
             del u32, u64
-            mapped.close()
             raise InputError(f"{self.path}: not a usable request ring: {problem}")
-        self._map = mapped
         self._u32, self._u64 = u32, u64
         self._records = np.frombuffer(mapped, REQUEST_DTYPE, capacity, RING_HEADER_BYTES)
         self.capacity = capacity
@@ -165,21 +153,14 @@ class RequestRing(Lifecycle):
             # The pid before the state: the plugin checks the pid of an attached consumer.
             u32[_U_CONSUMER] = RING_ATTACHED
 
-    def close(self) -> None:
-        """Detach (the plugin then drops requests instead of waiting) and unmap."""
+    def _detach(self) -> None:
+        """Detach as the consumer: the plugin then drops requests instead of waiting."""
         if self._u32 is not None and self.consume:
             self._u32[_U_CONSUMER] = RING_DETACHED
         self._u32 = self._u64 = self._records = None
-        if self._map is not None:
-            # A caller may still hold a chunk view: then it is unmapped when the last view goes.
-            with contextlib.suppress(BufferError):
-                self._map.close()
-            self._map = None
 
     def _header(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._u32 is None or self._u64 is None:
-            raise InputError(f"request ring {self.path} is not open")
-        return self._u32, self._u64
+        return self._open_view(self._u32), self._open_view(self._u64)
 
     @property
     def qemu_pid(self) -> int:

@@ -12,8 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cxlssd.abi import protocol
+from cxlssd.abi import protocol, pv
+from cxlssd.abi.counters import PluginCounters
+from cxlssd.abi.ring import RequestRing
 from cxlssd.cbuild import compiler_name
+from cxlssd.errors import InputError
 
 #: C struct -> the Python dtype of the same record
 STRUCTS = {
@@ -151,3 +154,51 @@ def test_the_readers_word_indices_follow_the_dtypes() -> None:
     assert len(protocol.VCPU_FIELDS) == protocol.VCPU_COUNTERS + 1
     with pytest.raises(ValueError, match="not aligned"):
         protocol.word(np.dtype([("a", "<u4"), ("b", "<u8")]), "b")
+
+
+# -- the readers' shared lifecycle (abi/shared_file.MappedFile) ------------------------------
+
+
+def _ready_pv_page(path: Path) -> np.memmap:
+    pv.create_page(path)
+    words = np.memmap(path, dtype=np.uint64, mode="r+")
+    words[0] = protocol.PV_MAGIC  # as the plugin writes its header
+    return words
+
+
+def test_a_closed_file_says_so_and_closing_tolerates_a_view_still_held(tmp_path: Path) -> None:
+    path = tmp_path / "pv"
+    words = _ready_pv_page(path)
+    page = pv.PvPage(path)
+    with pytest.raises(InputError, match=f"cxlssd pv page {path} is not open"):
+        page.consumed()
+    features = words[:8].view(np.uint32)[6:7]  # the header's u32 features
+    page.open()
+    page.set_features(protocol.FEATURE_PROMOTION)
+    assert features[0] == protocol.FEATURE_PROMOTION
+    held = page._words()  # a view a caller (or a traceback's frame) still holds
+    page.close()  # no BufferError: the mapping goes with the last view
+    page.close()
+    assert features[0] == 0 and held[0] == protocol.PV_MAGIC  # closing told the guest
+    with pytest.raises(InputError, match="is not open"):
+        page.consumed()
+
+
+def test_a_file_that_never_becomes_ready_names_the_plugin_argument(tmp_path: Path) -> None:
+    path = tmp_path / "ring"
+    path.write_bytes(bytes(protocol.RING_HEADER_BYTES))  # no magic: not initialised
+    with pytest.raises(InputError, match=r"is not a ready cxlssd request ring .*libcxlssd.so,ring=PATH"):
+        RequestRing(path).open(timeout_s=0.1)
+
+
+def test_a_file_of_another_layout_is_refused_and_left_unmapped(tmp_path: Path) -> None:
+    path = tmp_path / "counters"
+    header = np.zeros(protocol.COUNTERS_HEADER_BYTES // 8, np.uint64)
+    header[0] = protocol.COUNTERS_MAGIC  # the magic, but layout version 0
+    path.write_bytes(header.tobytes())
+    counters = PluginCounters(path)
+    with pytest.raises(InputError, match="not a usable plugin counters file: layout version 0"):
+        counters.open(timeout_s=1)
+    assert counters._map is None
+    with pytest.raises(InputError, match="is not open"):
+        counters.snapshot()
