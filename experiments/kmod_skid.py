@@ -25,7 +25,7 @@ loop of 2 instructions per iteration).
 
 Run (one guest; 5-10 min on a 2-core host)::
 
-    python -P -m cxlssd.experiments.kmod_skid [--samples 300] [--poll-ns 5000,20000,100000]
+    python -m cxlssd.experiments.kmod_skid [--samples 300] [--poll-ns 5000,20000,100000]
         [--switch] [--straight] [--repeat 2] [--json FILE]
 """
 

@@ -18,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import cxlssd
 from cxlssd.errors import PrerequisiteError
 from cxlssd.experiments.spec import Experiment
 from cxlssd.firmware.profile import load_profile
@@ -187,11 +188,13 @@ def _versions() -> dict[str, str]:
         qemu = check_qemu().version_text.splitlines()[0]
     except PrerequisiteError:
         qemu = "not installed (replay points need none)"
-    repo = Path(__file__).resolve().parents[1]
-    git = subprocess.run(["git", "-C", str(repo), "describe", "--always", "--dirty"], capture_output=True,
-                         text=True, check=False)
+    version = f"{cxlssd.__version__} (installed)"
+    if cxlssd.CHECKOUT_ROOT is not None:
+        git = subprocess.run(["git", "-C", str(cxlssd.CHECKOUT_ROOT), "describe", "--always", "--dirty"],
+                             capture_output=True, text=True, check=False)
+        version = git.stdout.strip() or "unknown"
     return {
-        "cxlssd": git.stdout.strip() or "unknown",
+        "cxlssd": version,
         "qemu": qemu,
         "plugin": source_hash(),
         "guest_runtime": runtime_key(),

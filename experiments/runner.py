@@ -38,6 +38,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
+import cxlssd
 from cxlssd.errors import ConfigError, GuestTimeout, InputError
 from cxlssd.experiments.scenario import QmpScenario
 from cxlssd.experiments.spec import Experiment, Point, TraceSource
@@ -46,7 +47,6 @@ from cxlssd.firmware.replay import replay_file
 from cxlssd.firmware.synth import generate
 from cxlssd.firmware.trace import TraceReader, TraceWriter
 from cxlssd.lifecycle import LockHeld, exclusive_lock
-from cxlssd.paths import REPO_ROOT
 from cxlssd.platform.config import load_config
 from cxlssd.platform.inject import send_knob
 from cxlssd.platform.machine import Platform
@@ -58,7 +58,6 @@ TORN_SUFFIX = ".torn"  # a torn last row is moved to points.jsonl.torn
 LOCK_FILE = ".lock"
 OUTPUT_TAIL_CHARS = 2000
 TIMED_OUT_STATUS = 124  # a point stopped at its timeout (as coreutils' timeout(1) exits)
-PACKAGE_DIR = REPO_ROOT / "src" / "cxlssd"
 # Sources that present results without making them: editing them re-runs nothing.
 PRESENTATION_ONLY = ("experiments/report.py",)
 
@@ -68,16 +67,19 @@ def code_digest() -> str:
     """A digest of the code that makes results: every file of the package (its
     firmware, platform, guest runtime and image, runner) except experiment
     definitions and the report writer."""
+    files = {}
+    for under, root in cxlssd.package_roots():
+        for directory, subdirs, names in os.walk(root):
+            subdirs[:] = [d for d in subdirs if d != "__pycache__"]
+            for name in names:
+                path = Path(directory, name)
+                files[(under / path.relative_to(root)).as_posix()] = path
     digest = hashlib.sha256()
-    for directory, subdirs, files in sorted(os.walk(PACKAGE_DIR, followlinks=True)):
-        subdirs[:] = sorted(d for d in subdirs if d != "__pycache__")
-        for name in sorted(files):
-            path = Path(directory, name)
-            relative = path.relative_to(PACKAGE_DIR).as_posix()
-            definition = relative.startswith("experiments/") and name.endswith(".yaml")
-            if relative in PRESENTATION_ONLY or definition:
-                continue
-            digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
+    for relative, path in sorted(files.items()):
+        definition = relative.startswith("experiments/") and relative.endswith(".yaml")
+        if relative in PRESENTATION_ONLY or definition:
+            continue
+        digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
 

@@ -98,7 +98,7 @@ class FirmwareProcess:
         return ProcessId.of_child(self._process)
 
     def argv(self) -> list[str]:
-        argv = [sys.executable, "-P", "-m", "cxlssd", "serve-firmware", "--ring", str(self.ring),
+        argv = [sys.executable, "-m", "cxlssd", "serve-firmware", "--ring", str(self.ring),
                 "--counters", str(self.counters), "--pv", str(self.pv), "--control", str(self.control),
                 "--design", self.design,
                 "--results", str(self.results_path)]

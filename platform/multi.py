@@ -204,10 +204,6 @@ class MultiPlatform(Lifecycle):
             name: LiveRun(session.design, *done[name], session.results) for name, session in sessions.items()
         }
 
-    def run_on_all(self, argv: list[str]) -> dict[str, tuple[int, bytes, bytes]]:
-        """Run ``argv`` in every guest, one after the other; (status, stdout, stderr) per guest."""
-        return {guest: platform.guest().run(argv) for guest, platform in self.platforms.items()}
-
 
 def live_designs(config: MultiPlatformConfig) -> dict[str, str]:
     """Each guest's design, for a side-by-side run; a :class:`ConfigError` if one has none."""

@@ -169,7 +169,7 @@ def test_hostile_input_is_refused_in_one_line_or_accepted(case: Case, tmp_path: 
         case.setup(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **case.env}
     result = subprocess.run(
-        [sys.executable, "-P", "-m", "cxlssd", *case.argv], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+        [sys.executable, "-m", "cxlssd", *case.argv], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
         capture_output=True, text=True, timeout=TIMEOUT_S, preexec_fn=_limit_memory,
     )
     assert "Traceback" not in result.stderr, result.stderr[-3000:]

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from cxlssd.paths import REPO_ROOT, cache_dir
+from cxlssd.paths import cache_dir
 from cxlssd.setup_commands import selects_guest_tests
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(
@@ -40,7 +42,7 @@ def test_the_unit_tier_runs_without_qemu_and_builds_no_image(tmp_path: Path) -> 
     (cache / "venv").symlink_to(cache_dir() / "venv")
     env = {**os.environ, "CXLSSD_CACHE": str(cache), "CXLSSD_QEMU": str(tmp_path / "no-qemu")}
     result = subprocess.run(
-        [str(REPO_ROOT / "cxlssd"), "test", "-m", "not guest", "tests/platform/test_config.py",
+        [str(REPO / "cxlssd"), "test", "-m", "not guest", "tests/platform/test_config.py",
          "tests/firmware/test_profile.py"],
         env=env, capture_output=True, text=True, timeout=900,
     )

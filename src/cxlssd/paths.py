@@ -9,8 +9,6 @@ from pathlib import Path
 
 from cxlssd.errors import InputError, PrerequisiteError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
 
 def cache_dir() -> Path:
     """The cache of build products (venv, guest image, plugin): ``$CXLSSD_CACHE``

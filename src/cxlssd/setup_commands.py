@@ -18,9 +18,9 @@ import tomllib
 
 from packaging.requirements import Requirement
 
-from cxlssd.errors import PrerequisiteError
+from cxlssd import CHECKOUT_ROOT
+from cxlssd.errors import InputError, PrerequisiteError
 from cxlssd.guest.image import ensure_image
-from cxlssd.paths import REPO_ROOT
 from cxlssd.platform.plugin.build import ensure_plugin
 from cxlssd.platform.qemu import check_qemu
 
@@ -62,9 +62,7 @@ def ensure_extra(name: str) -> None:
     """Install the optional dependencies ``name`` of pyproject.toml into this venv,
     unless every one is there at a version in its range. A :class:`PrerequisiteError`
     (with pip's exit status; its output is above) if pip fails."""
-    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
-    requirements = project["optional-dependencies"][name]
-    missing = [r for r in requirements if not _installed(Requirement(r))]
+    missing = [r for r in extra_requirements(name) if not _installed(Requirement(r))]
     if not missing:
         return
     log.info("installing %s (the %s extra; first use only)", ", ".join(missing), name)
@@ -73,6 +71,19 @@ def ensure_extra(name: str) -> None:
     if status != 0:
         raise PrerequisiteError(f"pip could not install {', '.join(missing)} (exit status {status}; "
                                 "its message is above)")
+
+
+def extra_requirements(name: str) -> list[str]:
+    """The requirements of the optional dependencies ``name``: pyproject.toml's in a
+    checkout, the installed package's metadata otherwise."""
+    if CHECKOUT_ROOT is not None:
+        project = tomllib.loads((CHECKOUT_ROOT / "pyproject.toml").read_text())["project"]
+        return list(project["optional-dependencies"][name])
+    requirements = [Requirement(r) for r in importlib.metadata.requires("cxlssd") or []]
+    extra = [r for r in requirements if r.marker is not None and r.marker.evaluate({"extra": name})]
+    for requirement in extra:
+        requirement.marker = None
+    return [str(r) for r in extra]
 
 
 def _installed(requirement: Requirement) -> bool:
@@ -84,6 +95,10 @@ def _installed(requirement: Requirement) -> bool:
 
 
 def run_tests(args: argparse.Namespace) -> int:
+    checkout = CHECKOUT_ROOT
+    if checkout is None:
+        raise InputError("`cxlssd test` runs the project's tests, which only a source checkout holds: "
+                         "clone the repository and run ./cxlssd test there")
     pytest_args = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
     if selects_guest_tests(pytest_args):
         run_setup(args)
@@ -92,19 +107,16 @@ def run_tests(args: argparse.Namespace) -> int:
     for extra in TEST_EXTRAS:
         ensure_extra(extra)
     checks = [
-        ("ruff", [sys.executable, "-P", "-m", "ruff", "check", "."]),
-        ("mypy", [sys.executable, "-P", "-m", "mypy"]),
+        ("ruff", [sys.executable, "-m", "ruff", "check", "."]),
+        ("mypy", [sys.executable, "-m", "cxlssd.typecheck"]),
     ]
     for name, argv in checks:
         log.info("== %s", name)
-        if subprocess.run(argv, cwd=REPO_ROOT).returncode != 0:
+        if subprocess.run(argv, cwd=checkout).returncode != 0:
             log.error("error: %s found problems (see above)", name)
             return 1
     log.info("== pytest")
-    # -P: the repo root's platform/ folder must not shadow the standard library module.
-    return subprocess.run(
-        [sys.executable, "-P", "-m", "pytest", *pytest_args], cwd=REPO_ROOT
-    ).returncode
+    return subprocess.run([sys.executable, "-m", "pytest", *pytest_args], cwd=checkout).returncode
 
 
 def selects_guest_tests(pytest_args: list[str]) -> bool:
@@ -122,9 +134,9 @@ def selects_guest_tests(pytest_args: list[str]) -> bool:
         else:
             rest.append(argument)
     narrowed = "guest" if markexpr is None else f"({markexpr}) and guest"
-    collect = [sys.executable, "-P", "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+    collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                *rest, "-m", narrowed]
-    status = subprocess.run(collect, cwd=REPO_ROOT, capture_output=True).returncode
+    status = subprocess.run(collect, cwd=CHECKOUT_ROOT, capture_output=True).returncode
     return status != PYTEST_NO_TESTS_COLLECTED
 
 

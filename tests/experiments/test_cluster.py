@@ -29,7 +29,7 @@ from cxlssd.experiments.runner import POINTS_FILE, ExperimentRunner
 from cxlssd.experiments.spec import load_experiment
 
 REPO = Path(__file__).resolve().parents[2]
-RAY = [sys.executable, "-P", "-m", "ray.scripts.scripts"]  # Ray's CLI, from the Python running the tests
+RAY = [sys.executable, "-m", "ray.scripts.scripts"]  # Ray's CLI, from the Python running the tests
 SHIPPED_SWEEP = REPO / "experiments" / "replay-sweep.yaml"
 # The shipped sweep's traces shortened from 200 000 requests (the same designs and cases); longer
 # where a replay must still be running when the test kills its worker.
@@ -153,7 +153,7 @@ def _run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-P", "-m", "cxlssd", *args]
+    return [sys.executable, "-m", "cxlssd", *args]
 
 
 def _finish(process: subprocess.Popen[str]) -> str:

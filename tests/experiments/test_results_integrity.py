@@ -180,7 +180,7 @@ def test_point_timeout_must_be_a_sane_number_of_seconds(value: object) -> None:
 def _run_command(definition: Path, out: Path) -> tuple[list[str], dict[str, str]]:
     """``./cxlssd run DEFINITION --out OUT`` as a child process of the tests (argv, env)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    return [sys.executable, "-P", "-m", "cxlssd", "run", str(definition), "--out", str(out)], env
+    return [sys.executable, "-m", "cxlssd", "run", str(definition), "--out", str(out)], env
 
 
 def _row_count(points: Path) -> int:

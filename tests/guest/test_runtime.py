@@ -282,7 +282,7 @@ def test_wrapper_finds_the_library_in_the_installed_layout(runtime: Path) -> Non
     script = "import cxlssd_guest\nwith cxlssd_guest.roi(3):\n    pass\nprint(cxlssd_guest.library_path())\n"
     env = {k: v for k, v in os.environ.items() if k != "CXLSSD_LIB"}
     result = subprocess.run(
-        [sys.executable, "-P", "-c", script],
+        [sys.executable, "-c", script],
         capture_output=True,
         text=True,
         timeout=RUN_TIMEOUT_S,

@@ -178,7 +178,7 @@ def test_an_exclusive_lock_names_its_holder_and_dies_with_it(tmp_path: Path) -> 
     and a killed holder never leaves it stuck."""
     lock = tmp_path / "lock"
     holder = subprocess.Popen(
-        [sys.executable, "-P", "-c", "import sys, time\n"
+        [sys.executable, "-c", "import sys, time\n"
          "from pathlib import Path\nfrom cxlssd.lifecycle import exclusive_lock\n"
          f"with exclusive_lock(Path({str(lock)!r}), wait=False):\n    print('held', flush=True)\n"
          "    time.sleep(60)\n"],

@@ -466,7 +466,7 @@ except KeyboardInterrupt:
 @pytest.mark.guest
 def test_ctrl_c_while_booting_leaves_nothing() -> None:
     process = subprocess.Popen(
-        [sys.executable, "-P", "-c", INTERRUPTED], stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-c", INTERRUPTED], stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(REPO / "src")},
     )
     try:
