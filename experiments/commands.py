@@ -10,8 +10,8 @@ from cxlssd.experiments import bench_plugin
 from cxlssd.experiments.report import table_lines, write_results
 from cxlssd.experiments.runner import ExperimentRunner
 from cxlssd.experiments.spec import DEMO_FILE, Experiment, load_experiment
-from cxlssd.platform.config import format_size
 from cxlssd.setup_commands import ensure_extra
+from cxlssd.validation import format_size
 
 log = logging.getLogger(__name__)
 

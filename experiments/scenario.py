@@ -22,7 +22,6 @@ so that the next point (another design, another repetition) can inject it again.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import logging
 import threading
 import time
@@ -49,6 +48,7 @@ from cxlssd.platform.inject import (
     prepare,
     unmask_corrected_internal_errors,
 )
+from cxlssd.validation import did_you_mean
 
 if TYPE_CHECKING:
     from cxlssd.platform.machine import Platform
@@ -127,8 +127,7 @@ def qmp_event_from_dict(raw: dict[str, Any], where: str) -> QmpEvent:
     arguments = {k: v for k, v in raw.items() if k not in ("kind", "at", "after_s")}
     for name in arguments:
         if name not in fields:
-            hint = difflib.get_close_matches(name, list(fields), n=1)
-            fix = f"did you mean '{hint[0]}'?" if hint else f"known: {', '.join(fields)}"
+            fix = did_you_mean(name, fields).strip(" ()") or f"known: {', '.join(fields)}"
             raise ConfigError(f"{where}: {kind} has no field '{name}'; {fix}")
     required = [name for name, f in fields.items()
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]

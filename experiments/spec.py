@@ -44,7 +44,6 @@ that does not fit the platform's device are :class:`ConfigError` (or
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import math
 import re
@@ -55,11 +54,12 @@ from typing import Any
 from cxlssd.errors import ConfigError, InputError
 from cxlssd.experiments.scenario import QMP_KINDS, QmpEvent, check_events, qmp_event_from_dict
 from cxlssd.firmware.knobs import KNOBS, FirmwareKnob, knob_from_dict
-from cxlssd.firmware.profile import load_profile, parse_size
+from cxlssd.firmware.profile import load_profile
 from cxlssd.firmware.synth import SynthSpec
 from cxlssd.firmware.trace import TraceReader
 from cxlssd.platform.config import CONFIG_DIR, load_config
 from cxlssd.platform.inject import DcLayout, DeviceView
+from cxlssd.validation import check_keys, parse_size
 from cxlssd.yamlfile import read_yaml, short_repr
 
 EXPERIMENT_DIR = Path(__file__).resolve().parent
@@ -185,14 +185,6 @@ class Experiment:
         return [*(f"{k}={v}" for k, v in self.overrides.items()), *point.overrides]
 
 
-def _check_keys(raw: dict[str, Any], allowed: set[str], where: str) -> None:
-    for key in raw:
-        if key not in allowed:
-            hint = difflib.get_close_matches(str(key), sorted(allowed), n=1) if len(str(key)) < 100 else []
-            fix = f"did you mean '{hint[0]}'?" if hint else f"allowed: {', '.join(sorted(allowed))}"
-            raise ConfigError(f"{where}: unknown key {short_repr(str(key))}; {fix}")
-
-
 def _strings(value: object, where: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not value or not all(isinstance(v, str | int | float) for v in value):
         raise ConfigError(f"{where}: expected a non-empty list of strings, got {short_repr(value)}")
@@ -230,7 +222,7 @@ def _sweep(raw: object, where: str) -> dict[str, tuple[str, ...]]:
 def _workload(raw: object, where: str) -> Workload:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping with name and command")
-    _check_keys(raw, {"name", "command", "sweep", "inject", "repeat", "designs"}, where)
+    check_keys(raw, {"name", "command", "sweep", "inject", "repeat", "designs"}, where)
     name = _name(raw.get("name"), where)
     command = _strings(raw.get("command"), f"{where}.command")
     sweep = _sweep(raw.get("sweep") or {}, f"{where}.sweep")
@@ -257,7 +249,7 @@ def _synth(raw: object, where: str) -> SynthSpec:
         raise ConfigError(f"{where}: expected a mapping such as {{pattern: zipf, requests: 200000, "
                           "footprint_bytes: 64MiB}")
     known = set(SynthSpec.__dataclass_fields__)
-    _check_keys(raw, known, where)
+    check_keys(raw, known, where)
     values: dict[str, Any] = {k: parse_size(v, f"{where}.{k}") if k in _SYNTH_SIZES else v
                               for k, v in raw.items()}
     defaults = SynthSpec()
@@ -280,7 +272,7 @@ def _trace(raw: object, where: str, base: Path) -> Workload:
     if "repeat" in raw:
         raise ConfigError(f"{where}: repeat is for live workloads: a replay gives the same answer "
                           "every time (sweep profile keys or designs instead)")
-    _check_keys(raw, {"name", "path", "synth", "sweep"}, where)
+    check_keys(raw, {"name", "path", "synth", "sweep"}, where)
     name = _name(raw.get("name"), where)
     if ("path" in raw) == ("synth" in raw):
         raise ConfigError(f"{where}: give either path (a trace file, from --record or ./cxlssd trace synth) "
@@ -356,7 +348,7 @@ def experiment_from_dict(raw: object, source: str, base: Path = EXPERIMENT_DIR) 
         raise ConfigError(f"{source}: an experiment is a mapping (name, designs, workloads, ...)")
     keys = {"name", "platform", "designs", "workloads", "traces", "baseline", "ideal", "overrides", "notes",
             "repeat", "point_timeout_s"}
-    _check_keys(raw, keys, source)
+    check_keys(raw, keys, source)
     notes = raw.get("notes", "")
     if not isinstance(notes, str):
         raise ConfigError(f"{source}: notes must be text (it goes into the report)")

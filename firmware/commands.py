@@ -11,12 +11,13 @@ from pathlib import Path
 from cxlssd.abi.ring import RingError
 from cxlssd.errors import ConfigError, FirmwareError, InputError
 from cxlssd.firmware import bench
-from cxlssd.firmware.profile import available_profiles, load_profile, parse_size
+from cxlssd.firmware.profile import available_profiles, load_profile
 from cxlssd.firmware.replay import replay_file, summary_lines
 from cxlssd.firmware.serve import serve
 from cxlssd.firmware.synth import PATTERNS, SynthSpec, generate
 from cxlssd.firmware.trace import TraceReader, TraceWriter
 from cxlssd.paths import check_writable_output
+from cxlssd.validation import parse_size
 
 log = logging.getLogger(__name__)
 

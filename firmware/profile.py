@@ -11,7 +11,6 @@ and checks that the geometry is possible. Any mistake is a
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,8 @@ import yaml
 
 from cxlssd.abi.protocol import TASK_SCHEDULERS
 from cxlssd.errors import ConfigError
-from cxlssd.firmware.registry import suggest
 from cxlssd.firmware.request import LINES_PER_PAGE, PAGE_BYTES
+from cxlssd.validation import did_you_mean, parse_size
 from cxlssd.yamlfile import read_yaml
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
@@ -37,25 +36,6 @@ NAND_PRESETS: dict[str, dict[str, int]] = {
     "mlc": {"read_ns": 50_000, "program_ns": 600_000, "erase_ns": 3_000_000},
     "tlc": {"read_ns": 75_000, "program_ns": 1_000_000, "erase_ns": 3_500_000},
 }
-
-_SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_size(value: Any, key: str) -> int:
-    """Bytes from an int or a string such as ``"448MiB"`` (binary units only)."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{key} must be a size in bytes, got {value!r}")
-    if isinstance(value, int):
-        return value
-    match = _SIZE_RE.match(str(value))
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _SIZE_UNITS:
-        raise ConfigError(
-            f"{key} must be a size such as 4096, '64KiB', '448MiB' or '8GiB', got {value!r}"
-        )
-    return int(float(match.group(1)) * _SIZE_UNITS[unit])
-
 
 def available_profiles() -> list[str]:
     """Names of the shipped profiles."""
@@ -79,7 +59,7 @@ def _profile_path(name: str) -> Path:
     if not path.is_file():
         names = available_profiles()
         raise ConfigError(
-            f"unknown profile {name!r}{suggest(name, names)}; "
+            f"unknown profile {name!r}{did_you_mean(name, names)}; "
             f"choose one of: {', '.join(names)} (or give a path to a .yaml file)"
         )
     return path
@@ -106,7 +86,7 @@ def _schema() -> dict[str, Any]:
 def _check_value(key: str, value: Any, default: Any) -> Any:
     """``value`` converted to the type of the schema's ``default`` for ``key``."""
     if key.endswith("_bytes"):
-        return parse_size(value, key)
+        return parse_size(value, key, minimum_bytes=0)
     if value is None:
         if default is None:
             return None
@@ -135,7 +115,7 @@ def _apply(
     for key, value in updates.items():
         if key not in schema:
             raise ConfigError(
-                f"unknown profile key {key!r} in {where}{suggest(key, list(schema))}; "
+                f"unknown profile key {key!r} in {where}{did_you_mean(key, list(schema))}; "
                 f"see docs/firmware.md for the keys"
             )
         flat[key] = _check_value(key, value, schema[key])
@@ -211,7 +191,7 @@ def _fill_presets(values: dict[str, Any], explicit: Iterable[str] = ()) -> None:
     preset = values["flash.preset"]
     if preset not in NAND_PRESETS:
         raise ConfigError(
-            f"unknown flash.preset {preset!r}{suggest(preset, list(NAND_PRESETS))}; "
+            f"unknown flash.preset {preset!r}{did_you_mean(preset, list(NAND_PRESETS))}; "
             f"choose one of: {', '.join(NAND_PRESETS)}"
         )
     for key, ns in NAND_PRESETS[preset].items():
@@ -311,7 +291,7 @@ def _validate(v: dict[str, Any]) -> None:
              "a long delay is one longer than the threshold (SkyByte: 2000, swept 2000-80000)")
     _require(v["context_switch.scheduler"] in TASK_SCHEDULERS,
              f"unknown context_switch.scheduler {v['context_switch.scheduler']!r}"
-             f"{suggest(str(v['context_switch.scheduler']), list(TASK_SCHEDULERS))}; "
+             f"{did_you_mean(str(v['context_switch.scheduler']), list(TASK_SCHEDULERS))}; "
              f"choose one of: {', '.join(TASK_SCHEDULERS)}")
     _require(
         v["migration.raise_at_or_below_share"] < v["migration.lower_at_or_above_share"],

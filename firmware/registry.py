@@ -14,19 +14,13 @@ and selects it with ``--set cache.policy=mru``.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from cxlssd.errors import ConfigError
+from cxlssd.validation import did_you_mean
 
 T = TypeVar("T")
-
-
-def suggest(word: str, choices: list[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest choice, or ``''``."""
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class Registry(Generic[T]):
@@ -55,6 +49,6 @@ class Registry(Generic[T]):
             return self._factories[name]
         except KeyError:
             raise ConfigError(
-                f"unknown {self.role} {name!r} for {self.key}{suggest(name, self.names())}; "
+                f"unknown {self.role} {name!r} for {self.key}{did_you_mean(name, self.names())}; "
                 f"choose one of: {', '.join(self.names())}"
             ) from None

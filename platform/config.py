@@ -20,7 +20,8 @@ Example (``platform/configs/default.yaml``)::
       llc_ways: 16
       string_bytes_per_insn: 32 # a REP MOVS/STOS: one instruction per this many bytes
 
-Sizes are strings with a binary unit (``512MiB``, ``1GiB``) or plain byte counts.
+Sizes are byte counts or numbers with a binary unit (``512MiB``, ``1.5GiB``), read by
+:func:`cxlssd.validation.parse_size` as everywhere else.
 Every key is checked: unknown keys, wrong types and impossible sizes are a
 :class:`~cxlssd.errors.ConfigError` naming the key and the fix.
 """
@@ -28,7 +29,6 @@ Every key is checked: unknown keys, wrong types and impossible sizes are a
 from __future__ import annotations
 
 import contextlib
-import difflib
 import ipaddress
 import math
 import re
@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from cxlssd.errors import ConfigError
+from cxlssd.validation import check_keys, did_you_mean, format_size, parse_size
 from cxlssd.yamlfile import read_yaml, short_repr
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -47,34 +48,7 @@ GiB = 1 << 30
 # The kernel onlines CXL memory in memory blocks and QEMU maps windows at 256 MiB
 # granularity: a device size must be a multiple of it.
 CXL_SIZE_ALIGN_BYTES = 256 * MiB
-_UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": MiB, "GiB": GiB, "TiB": 1 << 40}
-_SIZE_RE = re.compile(r"^\s*(\d{1,19})\s*([KMGT]iB|B)?\s*$")  # digits bounded: int() stays cheap
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
-
-
-def parse_size(value: object, key: str) -> int:
-    """Bytes from ``value`` (an int, or a string like ``"512MiB"``)."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{key}: expected a size like 1GiB, got {short_repr(value)}")
-    if isinstance(value, int):
-        size = value
-    elif isinstance(value, str) and (match := _SIZE_RE.match(value)):
-        size = int(match.group(1)) * _UNITS[match.group(2) or ""]
-    else:
-        raise ConfigError(
-            f"{key}: {short_repr(value)} is not a size; write bytes or a number with "
-            "KiB/MiB/GiB/TiB, e.g. 1GiB"
-        )
-    if size <= 0:
-        raise ConfigError(f"{key}: size must be positive, got {short_repr(value)}")
-    return size
-
-
-def format_size(size_bytes: int) -> str:
-    for unit in ("TiB", "GiB", "MiB", "KiB"):
-        if size_bytes % _UNITS[unit] == 0:
-            return f"{size_bytes // _UNITS[unit]}{unit}"
-    return f"{size_bytes}B"
 
 
 # Upper bounds of the numeric keys: far above any sensible value, low enough that
@@ -177,18 +151,6 @@ class PlatformConfig:
         return self.guest.dram_bytes + self.cxl_total_bytes
 
 
-def _check_keys(section: dict[str, Any], allowed: set[str], where: str) -> None:
-    for key in section:
-        if key not in allowed:
-            hint = difflib.get_close_matches(str(key), sorted(allowed), n=1) if len(str(key)) < 100 else []
-            fix = (
-                f"did you mean '{hint[0]}'?"
-                if hint
-                else f"allowed keys: {', '.join(sorted(allowed))}"
-            )
-            raise ConfigError(f"{where}: unknown key {short_repr(str(key))}; {fix}")
-
-
 def _mapping(value: object, where: str) -> dict[str, Any]:
     if value is None:
         return {}
@@ -211,7 +173,7 @@ def _positive_number(value: object, key: str, kind: type, maximum: float) -> Any
 
 def _guest_from(raw: dict[str, Any], where: str) -> GuestConfig:
     defaults = GuestConfig()
-    _check_keys(raw, {"dram", "vcpus", "boot_timeout_s", "clock", "kernel_helper"}, where)
+    check_keys(raw, {"dram", "vcpus", "boot_timeout_s", "clock", "kernel_helper"}, where)
     dram_bytes = parse_size(raw["dram"], f"{where}.dram") if "dram" in raw else defaults.dram_bytes
     if dram_bytes % (128 * MiB):
         raise ConfigError(
@@ -238,7 +200,7 @@ def _guest_from(raw: dict[str, Any], where: str) -> GuestConfig:
 
 def _cpu_from(raw: dict[str, Any], where: str) -> CpuConfig:
     defaults = CpuConfig()
-    _check_keys(raw, {"frequency_ghz", "cpi", "llc", "llc_ways", "string_bytes_per_insn"}, where)
+    check_keys(raw, {"frequency_ghz", "cpi", "llc", "llc_ways", "string_bytes_per_insn"}, where)
     llc_bytes = parse_size(raw["llc"], f"{where}.llc") if "llc" in raw else defaults.llc_bytes
     ways = _positive_number(raw.get("llc_ways", defaults.llc_ways), f"{where}.llc_ways", int, MAX_LLC_WAYS)
     sets, rest = divmod(llc_bytes, 64 * ways)
@@ -261,7 +223,7 @@ def _cpu_from(raw: dict[str, Any], where: str) -> CpuConfig:
 
 def _dynamic_capacity_from(raw: object, where: str) -> DynamicCapacityConfig:
     section = _mapping(raw, where)
-    _check_keys(section, {"regions", "size"}, where)
+    check_keys(section, {"regions", "size"}, where)
     if "size" not in section:
         raise ConfigError(f"{where}: missing 'size', the dynamic capacity of all regions (e.g. size: 256MiB)")
     regions = _positive_number(section.get("regions", 1), f"{where}.regions", int, math.inf)
@@ -280,7 +242,7 @@ def _dynamic_capacity_from(raw: object, where: str) -> DynamicCapacityConfig:
 
 def _device_from(raw: object, where: str) -> CxlDeviceConfig:
     device = _mapping(raw, where)
-    _check_keys(device, {"size", "dynamic_capacity"}, where)
+    check_keys(device, {"size", "dynamic_capacity"}, where)
     if "size" not in device:
         raise ConfigError(f"{where}: missing 'size' (e.g. size: 1GiB)")
     size = parse_size(device["size"], f"{where}.size")
@@ -300,7 +262,7 @@ def _device_from(raw: object, where: str) -> CxlDeviceConfig:
 def config_from_dict(raw: object, source: str = "<dict>") -> PlatformConfig:
     """Validate a parsed YAML document and build the configuration."""
     top = _single_guest_part(_mapping(raw, source), source)
-    _check_keys(top, {f.name for f in fields(PlatformConfig)} - {"source"}, source)
+    check_keys(top, {f.name for f in fields(PlatformConfig)} - {"source"}, source)
     name = _checked_name(top.get("name", PlatformConfig.name), source)
     devices_raw = top.get("cxl_devices", [{"size": "1GiB"}])
     if not isinstance(devices_raw, list) or not devices_raw:
@@ -434,7 +396,7 @@ def _subnet_from(value: object, key: str) -> ipaddress.IPv4Network:
 
 def _network_from(raw: object, where: str) -> NetworkConfig:
     section = _mapping(raw, where)
-    _check_keys(section, {"mode", "subnet"}, where)
+    check_keys(section, {"mode", "subnet"}, where)
     mode = section.get("mode", NetworkConfig.mode)
     if mode not in NETWORK_MODES:
         raise ConfigError(f"{where}.mode: {short_repr(mode)} is not one of {', '.join(NETWORK_MODES)}")
@@ -453,12 +415,11 @@ def _design_from(value: object, key: str) -> str | None:
         return None
     # Imported here: the firmware package is not needed to boot a guest.
     from cxlssd.firmware.profile import available_profiles
-    from cxlssd.firmware.registry import suggest
 
     designs = available_profiles()
     if value not in designs:
         raise ConfigError(
-            f"{key}: unknown design {short_repr(value)}{suggest(str(value), designs)}; "
+            f"{key}: unknown design {short_repr(value)}{did_you_mean(str(value), designs)}; "
             f"choose one of: {', '.join(designs)}"
         )
     return str(value)
@@ -522,7 +483,7 @@ def multi_config_from_dict(raw: object, source: str = "<dict>") -> MultiPlatform
             guests=(GuestSpec(single, None, _assign_addresses(network, [None], source)[0]),),
             source=source,
         )
-    _check_keys(top, {"name", "network", "guests"}, source)
+    check_keys(top, {"name", "network", "guests"}, source)
     name = _checked_name(top.get("name", PlatformConfig.name), source)
     entries = top["guests"]
     if not isinstance(entries, list) or not entries:
@@ -535,7 +496,7 @@ def multi_config_from_dict(raw: object, source: str = "<dict>") -> MultiPlatform
     for index, raw_entry in enumerate(entries):
         where = f"{source}: guests[{index}]"
         entry = _mapping(raw_entry, where)
-        _check_keys(entry, platform_keys | _GUEST_ONLY_KEYS, where)
+        check_keys(entry, platform_keys | _GUEST_ONLY_KEYS, where)
         if "name" not in entry:
             raise ConfigError(f"{where}: missing 'name' (each guest needs its own, e.g. name: dram-only)")
         platform = config_from_dict(

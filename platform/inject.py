@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import difflib
 import itertools
 import json
 import os
@@ -40,9 +39,10 @@ from cxlssd.firmware.knobs import DeviceShape, FirmwareKnob, check_fits, knob_to
 from cxlssd.firmware.profile import Profile, load_profile
 from cxlssd.lifecycle import ProcessId
 from cxlssd.paths import runtime_root
-from cxlssd.platform.config import DC_MAX_REGIONS, CxlDeviceConfig, format_size
+from cxlssd.platform.config import DC_MAX_REGIONS, CxlDeviceConfig
 from cxlssd.platform.live import attached_firmware_path, control_path
 from cxlssd.platform.machine import pid_file_alive
+from cxlssd.validation import did_you_mean, format_size
 from cxlssd.yamlfile import short_repr
 
 if TYPE_CHECKING:
@@ -121,11 +121,6 @@ MEDIA_STATUS: Mapping[str, int] = {
 # -- value checks ------------------------------------------------------------------
 
 
-def _did_you_mean(value: str, known: Sequence[str]) -> str:
-    close = difflib.get_close_matches(value, known, n=1)
-    return f" (did you mean {close[0]}?)" if close else ""
-
-
 def _name_or_number(what: str, value: int | str, known: Mapping[str, int]) -> int:
     """An enum given by name (``ecc-error``) or by number (0, ``0x0``); must be known."""
     listing = ", ".join(f"{name} ({number})" for name, number in known.items())
@@ -137,7 +132,7 @@ def _name_or_number(what: str, value: int | str, known: Mapping[str, int]) -> in
             number = int(value, 0)
         except ValueError:
             raise ConfigError(
-                f"{what} {value!r} is unknown{_did_you_mean(value, list(known))}; known: {listing}"
+                f"{what} {value!r} is unknown{did_you_mean(value, list(known))}; known: {listing}"
             ) from None
     if isinstance(number, bool) or number not in known.values():
         raise ConfigError(f"{what} {value} is not a known value; use one of {listing}")
@@ -297,7 +292,7 @@ class UncorrectableError:
         if self.error_type not in UNCORRECTABLE_TYPES:
             raise ConfigError(
                 f"uncorrectable error type {self.error_type!r} is unknown"
-                f"{_did_you_mean(str(self.error_type), UNCORRECTABLE_TYPES)}; "
+                f"{did_you_mean(str(self.error_type), UNCORRECTABLE_TYPES)}; "
                 f"known: {', '.join(UNCORRECTABLE_TYPES)}"
             )
         if len(self.header) > HEADER_LOG_DWORDS:
@@ -343,7 +338,7 @@ class Correctable(Injection):
         if self.error_type not in CORRECTABLE_TYPES:
             raise ConfigError(
                 f"correctable error type {self.error_type!r} is unknown"
-                f"{_did_you_mean(str(self.error_type), CORRECTABLE_TYPES)}; "
+                f"{did_you_mean(str(self.error_type), CORRECTABLE_TYPES)}; "
                 f"known: {', '.join(CORRECTABLE_TYPES)}"
             )
 
@@ -363,7 +358,7 @@ class _Event(Injection):
         super().__post_init__()
         if self.log not in EVENT_LOGS:
             raise ConfigError(
-                f"event log {self.log!r} is unknown{_did_you_mean(str(self.log), list(EVENT_LOGS))}; "
+                f"event log {self.log!r} is unknown{did_you_mean(str(self.log), list(EVENT_LOGS))}; "
                 f"known: {', '.join(EVENT_LOGS)}"
             )
         if self.flags is not None:

@@ -9,7 +9,6 @@ from collections.abc import Callable, Mapping
 
 from cxlssd.errors import ConfigError
 from cxlssd.firmware.knobs import KNOBS, FirmwareKnob, knob_from_dict
-from cxlssd.platform.config import parse_size
 from cxlssd.platform.inject import (
     CORRECTABLE_TYPES,
     DESCRIPTOR_BITS,
@@ -36,6 +35,7 @@ from cxlssd.platform.inject import (
     UncorrectableError,
     inject,
 )
+from cxlssd.validation import parse_size
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def _byte_count(text: str) -> int:
     except ValueError:
         pass
     try:
-        return parse_size(text, "")
+        return parse_size(text, "", minimum_bytes=0)
     except ConfigError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a byte count (a number, hex as 0x..., or with KiB/MiB/GiB, e.g. 2MiB)"

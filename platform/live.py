@@ -36,7 +36,7 @@ from cxlssd.errors import ConfigError, FirmwareError
 from cxlssd.firmware.profile import Profile, load_profile, parse_override
 from cxlssd.guest.runtime.install import with_guest_env
 from cxlssd.lifecycle import Lifecycle, ProcessId, describe_exit
-from cxlssd.platform.config import format_size
+from cxlssd.validation import format_size
 
 if TYPE_CHECKING:
     from cxlssd.platform.machine import Platform

@@ -44,12 +44,13 @@ from cxlssd.host_os.kmod.doorbell import DoorbellServer
 from cxlssd.host_os.kmod.load import install_helper, load_helper
 from cxlssd.lifecycle import Lifecycle, ProcessId, describe_exit
 from cxlssd.paths import cache_dir, runtime_root
-from cxlssd.platform.config import PlatformConfig, format_size
+from cxlssd.platform.config import PlatformConfig
 from cxlssd.platform.kvm import probe_kvm
 from cxlssd.platform.live import LiveSession
 from cxlssd.platform.plugin.build import ensure_plugin
 from cxlssd.platform.qemu import LaunchFiles, QemuBinary, check_qemu, forwarded_ssh_port, qemu_argv
 from cxlssd.platform.ssh import GuestSSH, InstanceKeys, wait_for_banner
+from cxlssd.validation import format_size
 
 log = logging.getLogger(__name__)
 

@@ -283,7 +283,7 @@ def _with_inject(*entries: dict[str, Any]) -> dict[str, Any]:
         (_with_inject({"at": "end", "kind": "poison", "dpa": 0x1001}), "not 64-byte aligned"),
         (_with_inject({"at": "end", "kind": "poison", "dpa": 0x40000000}), "outside device 0"),
         (_with_inject({"at": "end", "kind": "dram", "dpa": 0, "device": 1}), "set device: to"),
-        (_with_inject({"at": "end", "kind": "correctable", "error_type": "mem-data"}), "mean mem-data-ecc"),
+        (_with_inject({"at": "end", "kind": "correctable", "error_type": "mem-data"}), "mean 'mem-data-ecc'"),
         (_with_inject({"at": "end", "kind": "uncorrectable", "errors": [7]}), "error is a type"),
         (_with_inject({"at": "start", "kind": "poison", "dpa": 0, "length": 128},
                       {"at": "end", "kind": "poison", "dpa": 64}), "overlaps poison"),

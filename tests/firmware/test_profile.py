@@ -7,7 +7,8 @@ import re
 import pytest
 
 from cxlssd.errors import ConfigError
-from cxlssd.firmware.profile import available_profiles, load_profile, parse_size
+from cxlssd.firmware.profile import available_profiles, load_profile
+from cxlssd.validation import parse_size
 
 SHIPPED = ["base-cssd", "dram-only", "skybyte-c", "skybyte-cp", "skybyte-full",
            "skybyte-p", "skybyte-w", "skybyte-wp"]
@@ -58,7 +59,7 @@ def test_overrides_and_presets() -> None:
         (["flash.preset=qlc"], "unknown flash.preset"),
         (["migration.min_threshold=8"], "min_threshold"),
         (["noequals"], "key=value"),
-        (["ssd_dram.size_bytes=12 parsecs"], "must be a size"),
+        (["ssd_dram.size_bytes=12 parsecs"], "is not a size"),
     ],
 )
 def test_bad_overrides_are_clear_errors(overrides: list[str], message: str) -> None:

@@ -14,11 +14,10 @@ from cxlssd.platform.config import (
     GiB,
     MiB,
     config_from_dict,
-    format_size,
     load_config,
-    parse_size,
 )
 from cxlssd.platform.qemu import LaunchFiles, QemuBinary, qemu_argv
+from cxlssd.validation import format_size, parse_size
 
 
 @pytest.mark.parametrize(
