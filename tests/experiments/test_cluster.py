@@ -247,8 +247,13 @@ def test_an_unreachable_cluster_is_a_clear_error_at_once(tmp_path: Path) -> None
 
 def test_nodes_that_cannot_run_the_points_are_named_before_anything_runs(tmp_path: Path) -> None:
     # A node whose cxlssd differs from the driver's by one comment, and without QEMU.
-    code = tmp_path / "other" / "src"
-    shutil.copytree(REPO / "src" / "cxlssd", code / "cxlssd", ignore=shutil.ignore_patterns("__pycache__"))
+    # A checkout of its own: the package's core, its top-level folders and pyproject.toml
+    # (which maps them into the package).
+    other = tmp_path / "other"
+    for part in ("src/cxlssd", "abi", "platform", "firmware", "guest", "host_os", "experiments"):
+        shutil.copytree(REPO / part, other / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(REPO / "pyproject.toml", other / "pyproject.toml")
+    code = other / "src"
     with open(code / "cxlssd" / "errors.py", "a") as changed:
         changed.write("# another revision\n")
     others = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep)
