@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import cxlssd
 from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.profile import load_profile
 from cxlssd.firmware.replay import replay
@@ -78,7 +79,7 @@ def run(spec: SynthSpec, profiles: list[str], workdir: Path | None = None) -> li
         for name in profiles:
             done = subprocess.run(
                 [sys.executable, "-m", "cxlssd.firmware.bench", str(trace), name],
-                check=True, capture_output=True, text=True,
+                check=True, capture_output=True, text=True, env=cxlssd.child_env(),
             )
             rows.append(json.loads(done.stdout))
         return rows

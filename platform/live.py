@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+import cxlssd
 from cxlssd.abi.protocol import RING_ATTACHED
 from cxlssd.abi.ring import RequestRing, RingError
 from cxlssd.errors import ConfigError, FirmwareError
@@ -118,7 +119,7 @@ class FirmwareProcess:
         with open(self.log_path, "wb") as out:
             self._process = subprocess.Popen(
                 self.argv(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=die_with_parent,
+                start_new_session=True, preexec_fn=die_with_parent, env=cxlssd.child_env(),
             )
         deadline = time.monotonic() + timeout_s
         with RequestRing(self.ring, consume=False) as observer:

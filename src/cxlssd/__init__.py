@@ -13,9 +13,10 @@ over a module.
 
 from __future__ import annotations
 
+import os
 import sys
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib.abc import MetaPathFinder
 from importlib.machinery import ModuleSpec
 from importlib.util import spec_from_file_location
@@ -45,6 +46,17 @@ def package_roots() -> list[tuple[str, Path]]:
     checkout, each subpackage is its top-level folder."""
     roots = [("", Path(__file__).resolve().parent)]
     return roots + sorted(_CHECKOUT_SUBPACKAGES.items())
+
+
+def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) with the directory this package was imported from
+    first on ``PYTHONPATH``: a ``python -m cxlssd...`` child runs this same code, however
+    this process found it (``./cxlssd``, pytest's ``pythonpath``, an installed wheel)."""
+    env = dict(os.environ if env is None else env)
+    here = str(Path(__file__).resolve().parents[1])
+    rest = [path for path in env.get("PYTHONPATH", "").split(os.pathsep) if path and path != here]
+    env["PYTHONPATH"] = os.pathsep.join([here, *rest])
+    return env
 
 
 def _read_package_dir(root: Path) -> dict[str, Path]:

@@ -18,6 +18,7 @@ import tomllib
 
 from packaging.requirements import Requirement
 
+import cxlssd
 from cxlssd import CHECKOUT_ROOT
 from cxlssd.errors import InputError, PrerequisiteError
 from cxlssd.guest.image import ensure_image
@@ -112,7 +113,7 @@ def run_tests(args: argparse.Namespace) -> int:
     ]
     for name, argv in checks:
         log.info("== %s", name)
-        if subprocess.run(argv, cwd=checkout).returncode != 0:
+        if subprocess.run(argv, cwd=checkout, env=cxlssd.child_env()).returncode != 0:
             log.error("error: %s found problems (see above)", name)
             return 1
     log.info("== pytest")
