@@ -8,11 +8,17 @@ asynchronous transfers brackets such a move with markers, and the firmware
 accounts for it as a transfer of a device-side DMA engine instead:
 
 * ``XFER_BEGIN`` (``addr`` = ticket << 1 | to-device) and ``XFER_END`` (``addr`` =
-  ticket) enclose one move on one vCPU. Everything the vCPU's clock advanced by in
-  between (the kernel's copy: instructions and device stalls) is taken back from
-  it; the vCPU is charged ``host_ns_per_transfer`` + ``host_ns_per_page`` per page
-  moved instead (the system call, the engine's descriptor and the page-table
-  updates, which stay the CPU's work).
+  ticket) enclose one move on one vCPU. The device requests of the copy in between
+  are the engine's work, not the vCPU's: they are served as issued at the bracket's
+  begin (the engine starts on every page at once, each flash read queued on its
+  die) and charge the vCPU nothing (posted), so the device's timeline holds them
+  where the engine does them. What the vCPU's clock advanced by in between (the
+  kernel's copy: its instructions) is taken back from it; the vCPU is charged
+  ``host_ns_per_transfer`` + ``host_ns_per_page`` per page moved instead (the
+  system call, the engine's descriptor and the page-table updates, which stay the
+  CPU's work). (Served at the vCPU's own times, the copy's device work stayed
+  booked along the time that was taken back, and the accesses after the bracket
+  queued behind it: the credit came back as stall, docs/offload.md.)
 * The engine serves transfers one at a time in issue order: a transfer starts at
   ``max(its begin clock, the engine's previous transfer done)`` and lasts
   ``first_page_ns + max(bytes / link_bytes_per_s, flash pages x read_ns / dies)``:
@@ -46,7 +52,7 @@ import numpy as np
 
 from cxlssd.abi.protocol import HINT_DEAD, HINT_NEED, MAX_HINT_PAGES
 from cxlssd.firmware.controller import Controller
-from cxlssd.firmware.request import PAGE_BYTES, PAGE_SHIFT, Op, Source
+from cxlssd.firmware.request import FLAG_POSTED, PAGE_BYTES, PAGE_SHIFT, Op, Source
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +87,8 @@ class TransferCounters:
     bytes: int = 0
     flash_pages: int = 0  # pages the engine read from flash
     busy_ns: int = 0  # the engine's time spent on transfers
-    guest_copy_ns: int = 0  # what the vCPU's clock advanced by in the brackets, taken back
+    guest_copy_ns: int = 0  # what the vCPU's clock advanced by in the brackets (the copy's
+    # instructions), taken back
     host_ns: int = 0  # the CPU's part charged instead (host_ns_per_page)
     waits: int = 0
     wait_ns: int = 0  # what the vCPU waited for transfers: the part not overlapped
@@ -132,6 +139,21 @@ class TransferEngine:
         bracket = self._open.get(vcpu)
         if bracket is not None:
             bracket.pages += 1
+
+    def as_engine_work(self, requests: np.ndarray) -> np.ndarray:
+        """``requests`` with those of vCPUs inside a bracket made the engine's: issued at
+        the bracket's begin and posted (a copy; the others unchanged)."""
+        engine = requests.copy()
+        for vcpu, bracket in self._open.items():
+            mine = engine["vcpu"] == vcpu
+            if not mine.any():
+                continue
+            begin_ns = bracket.begin_clock_ns
+            if self.controller.compute_timebase:  # the controller adds the vCPU's stall
+                begin_ns -= self.controller.vcpu_stall_ns(vcpu)
+            engine["time_ns"][mine] = max(0, begin_ns)
+            engine["flags"][mine] |= FLAG_POSTED
+        return engine
 
     def served(self, requests: np.ndarray, out: np.ndarray) -> None:
         """Device requests served while a bracket is open: count the pages read from flash."""

@@ -205,6 +205,8 @@ class StreamServer:
             requests = requests[~host]
         if not requests.shape[0]:
             return None
+        if self.transfers.brackets_open:
+            requests = self.transfers.as_engine_work(requests)
         out = self.controller.process(requests)
         if self.transfers.brackets_open:
             self.transfers.served(requests, out)
