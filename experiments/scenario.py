@@ -48,7 +48,7 @@ from cxlssd.platform.inject import (
     prepare,
     unmask_corrected_internal_errors,
 )
-from cxlssd.validation import did_you_mean
+from cxlssd.validation import close_match
 
 if TYPE_CHECKING:
     from cxlssd.platform.machine import Platform
@@ -127,7 +127,8 @@ def qmp_event_from_dict(raw: dict[str, Any], where: str) -> QmpEvent:
     arguments = {k: v for k, v in raw.items() if k not in ("kind", "at", "after_s")}
     for name in arguments:
         if name not in fields:
-            fix = did_you_mean(name, fields).strip(" ()") or f"known: {', '.join(fields)}"
+            close = close_match(name, fields)
+            fix = f"did you mean {close!r}?" if close else f"known: {', '.join(fields)}"
             raise ConfigError(f"{where}: {kind} has no field '{name}'; {fix}")
     required = [name for name, f in fields.items()
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]

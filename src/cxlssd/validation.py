@@ -45,12 +45,18 @@ def format_size(size_bytes: int) -> str:
     return f"{size_bytes}B"
 
 
+def close_match(word: str, choices: Iterable[str]) -> str | None:
+    """The choice closest to ``word``, if one is close enough."""
+    if len(word) > _MATCH_MAX_CHARS:
+        return None
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return close[0] if close else None
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the choice closest to ``word``, or ``""``."""
-    if len(word) > _MATCH_MAX_CHARS:
-        return ""
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    close = close_match(word, choices)
+    return f" (did you mean {close!r}?)" if close else ""
 
 
 def check_keys(section: Iterable[object], allowed: Iterable[str], where: str) -> None:
@@ -59,6 +65,6 @@ def check_keys(section: Iterable[object], allowed: Iterable[str], where: str) ->
     allowed = sorted(allowed)
     for key in section:
         if key not in allowed:
-            hint = did_you_mean(str(key), allowed)
-            fix = hint.strip(" ()") if hint else f"allowed keys: {', '.join(allowed)}"
+            close = close_match(str(key), allowed)
+            fix = f"did you mean {close!r}?" if close else f"allowed keys: {', '.join(allowed)}"
             raise ConfigError(f"{where}: unknown key {short_repr(str(key))}; {fix}")

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import cxlssd
 from cxlssd.experiments.report import table_lines, write_results
 from cxlssd.experiments.runner import POINTS_FILE, ExperimentRunner
 from cxlssd.experiments.spec import load_experiment
@@ -250,7 +251,8 @@ def test_nodes_that_cannot_run_the_points_are_named_before_anything_runs(tmp_pat
     # A checkout of its own: the package's core, its top-level folders and pyproject.toml
     # (which maps them into the package).
     other = tmp_path / "other"
-    for part in ("src/cxlssd", "abi", "platform", "firmware", "guest", "host_os", "experiments"):
+    for _, root in cxlssd.package_roots():
+        part = root.relative_to(REPO)
         shutil.copytree(REPO / part, other / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(REPO / "pyproject.toml", other / "pyproject.toml")
     code = other / "src"
