@@ -24,7 +24,12 @@
  * the promoted tensors whose next use is further away than its own, furthest first
  * (Belady's order, as G10 evicts), or is skipped when none is. Tensors used by a single op
  * are never moved: CXL memory is load/store addressable, the op reads them in place, and a
- * move in and out would cost a read and a write of the whole tensor on the device.
+ * move in and out would cost a read and a write of the whole tensor on the device. With
+ * --scratch on (the default), the short-lived ones (the weight and bias gradients, dead after
+ * the op that writes them) get host DRAM instead, as the frameworks' memory planners give
+ * them: one scratch buffer in node 0 that every backward op reuses, booked against the
+ * budget (evicting as a prefetch does) while its op runs and its pages freed after it; when
+ * the budget cannot make room, the op uses the tensors on the device.
  *
  * ROI --roi (1) is the N measured iterations (after profiling); each is timed with the
  * modelled clock (cxlssd_clock_ns, 0 outside a live run: the report's times are then null).
@@ -68,8 +73,8 @@ static const char *const SWITCHES[] = {"off", "on", NULL};
 static const char USAGE[] =
     "usage: offload [--width W | --footprint BYTES] [--layers L] [--batch B] [--iterations N]\n"
     "               [--profile-iterations K] [--policy none|static|lifetime] [--lookahead A]\n"
-    "               [--dram-budget BYTES] [--transfer sync|async] [--hints off|on] [--lr X]\n"
-    "               [--seed S] [--roi ID]\n"
+    "               [--dram-budget BYTES] [--transfer sync|async] [--hints off|on]\n"
+    "               [--scratch on|off] [--lr X] [--seed S] [--roi ID]\n"
     "  --width               neurons per layer, a multiple of 16 (default 768)\n"
     "  --footprint           pick the largest width whose tensors fit BYTES\n"
     "  --layers              dense layers (default 3)\n"
@@ -84,6 +89,8 @@ static const char USAGE[] =
     "  --transfer            lifetime: sync (move_pages on this vCPU) or async (the device's\n"
     "                        transfer engine, overlapping compute; default sync)\n"
     "  --hints               lifetime: tell the firmware each tensor's next use and death (off)\n"
+    "  --scratch             lifetime: the weight and bias gradients in a host-DRAM scratch\n"
+    "                        buffer reused by every backward op, within the budget (on)\n"
     "  --lr                  SGD learning rate, 0 < X < 10 (default 0.05)\n" WL_COMMON_USAGE;
 
 struct options {
@@ -91,6 +98,7 @@ struct options {
     unsigned policy;   /* enum policy */
     unsigned transfer; /* enum transfer */
     unsigned hints;    /* 0 off, 1 on */
+    unsigned scratch;  /* 0 off, 1 on */
     double lr;
     struct wl_common common;
 };
@@ -397,10 +405,10 @@ static double run_op(const struct model *m, const struct op *op)
 
 #define MPOL_BIND 2
 
-/* `bytes` of zeroed memory, every page touched (placed now by the process's policy, or in
- * node 0 if `dram`); no transparent huge pages: tensors move a 4 KiB page at a time, as the
- * firmware's promotion tables count them. */
-static float *tensor_alloc(uint64_t bytes, bool dram)
+/* A mapping of `bytes`, its pages not yet touched (placed when touched: by the process's
+ * policy, or in node 0 if `dram`); no transparent huge pages: tensors move a 4 KiB page at a
+ * time, as the firmware's promotion tables count them. */
+static char *tensor_map(uint64_t bytes, bool dram)
 {
     char *p = wl_alloc(bytes);
     madvise(p, bytes, MADV_NOHUGEPAGE); /* (advice: without THP support it fails, harmlessly) */
@@ -409,9 +417,24 @@ static float *tensor_alloc(uint64_t bytes, bool dram)
         /* a failure (no NUMA support) leaves the pages to the process's policy: only slower */
         syscall(SYS_mbind, p, bytes, MPOL_BIND, &node0, 8 * sizeof node0, 0ul);
     }
+    return p;
+}
+
+/* `bytes` of zeroed memory, every page touched: placed now. */
+static float *tensor_alloc(uint64_t bytes, bool dram)
+{
+    char *p = tensor_map(bytes, dram);
     for (uint64_t at = 0; at < bytes; at += PAGE_BYTES)
         p[at] = 0;
     return (float *)p;
+}
+
+/* The NUMA node of the page at p; -1 if the kernel cannot say. */
+static int node_of(const void *p)
+{
+    void *page = (void *)((uintptr_t)p & ~(uintptr_t)(PAGE_BYTES - 1));
+    int status = -1;
+    return syscall(SYS_move_pages, 0, 1ul, &page, NULL, &status, 0) == 0 ? status : -1;
 }
 
 static uint64_t page_round(uint64_t bytes)
@@ -489,6 +512,13 @@ struct lifetime {
     uint64_t ticket_seq;                /* async: transfers issued */
     uint64_t ticket[MAX_TENSORS];       /* ... a tensor's promotion in flight (0: none) */
     uint64_t waits, hints_need, hints_dead; /* transfers waited for; hint calls */
+    /* --scratch: one host-DRAM buffer for the short-lived tensors of the op running now */
+    char *scratch;                 /* in node 0, sized for the op with the most; NULL: no scratch */
+    uint64_t scratch_bytes;        /* its size */
+    uint64_t scratch_booked;       /* what the running op uses of it, on the books (0: none) */
+    float *home[MAX_TENSORS];      /* a short-lived tensor's own buffer, where the process put it */
+    bool in_scratch[MAX_TENSORS];  /* the running op uses the scratch for this tensor */
+    uint64_t scratch_ops, scratch_fallbacks; /* ops run with the scratch; without, for lack of room */
 };
 
 static void lifetime_record(struct lifetime *lt, const struct op *op, unsigned i)
@@ -496,6 +526,21 @@ static void lifetime_record(struct lifetime *lt, const struct op *op, unsigned i
     for (unsigned s = 0; s < SLOTS; s++)
         if (op->slot[s] != NO_TENSOR)
             lt->uses[op->slot[s]] |= 1ull << i;
+}
+
+/* A tensor whose value is dead after its last use in an iteration (the next iteration
+ * writes it before reading it): the activations the layers write, all the gradients. */
+static bool transient(const struct model *m, unsigned t)
+{
+    if (t >= id_act(m->layers, 1)) /* the activations the layers write, their gradients */
+        return true;
+    return t >= T_FIRST_LAYER && t < id_weight(m->layers) && (t - T_FIRST_LAYER) % PER_LAYER >= 2; /* dW, db */
+}
+
+/* Used by one op and dead after it (the weight and bias gradients): the scratch's tensors. */
+static bool short_lived(const struct lifetime *lt, const struct model *m, unsigned t)
+{
+    return __builtin_popcountll(lt->uses[t]) == 1 && transient(m, t);
 }
 
 static bool movable(const struct lifetime *lt, const struct model *m, unsigned t)
@@ -508,6 +553,13 @@ static uint64_t next_use(const struct lifetime *lt, unsigned t, unsigned i)
 {
     const uint64_t later = lt->uses[t] & ~((1ull << i) - 1);
     return later ? (uint64_t)__builtin_ctzll(later) : lt->nops + (uint64_t)__builtin_ctzll(lt->uses[t]);
+}
+
+/* Count `bytes` more of host DRAM against the budget. */
+static void book(struct lifetime *lt, uint64_t bytes)
+{
+    lt->resident_bytes += bytes;
+    lt->peak_bytes = lt->resident_bytes > lt->peak_bytes ? lt->resident_bytes : lt->peak_bytes;
 }
 
 static void promote(struct lifetime *lt, const struct model *m, unsigned t)
@@ -523,8 +575,7 @@ static void promote(struct lifetime *lt, const struct model *m, unsigned t)
     lt->bytes_promoted += (uint64_t)pages * PAGE_BYTES;
     lt->resident[t] = true;
     lt->moved[t] = pages > 0;
-    lt->resident_bytes += page_round(m->tensor[t].bytes);
-    lt->peak_bytes = lt->resident_bytes > lt->peak_bytes ? lt->resident_bytes : lt->peak_bytes;
+    book(lt, page_round(m->tensor[t].bytes));
 }
 
 /* Take t off the books; move it back to the CXL node if its promotion moved it there from
@@ -545,11 +596,11 @@ static void demote(struct lifetime *lt, const struct model *m, unsigned t)
     lt->resident_bytes -= page_round(m->tensor[t].bytes);
 }
 
-/* Make room for t within the budget by demoting promoted tensors needed later than t,
- * furthest first; false (nothing demoted) if that cannot make enough room. */
-static bool make_room(struct lifetime *lt, const struct model *m, unsigned t, unsigned i)
+/* Make room for `need` bytes needed at op `when` (before op i) within the budget by demoting
+ * promoted tensors needed later, furthest first; false (nothing demoted) if that cannot make
+ * enough room. */
+static bool make_room(struct lifetime *lt, const struct model *m, uint64_t need, uint64_t when, unsigned i)
 {
-    const uint64_t need = page_round(m->tensor[t].bytes), when = next_use(lt, t, i);
     uint64_t freeable = 0;
     for (unsigned r = 0; r < m->ntensors; r++)
         if (lt->resident[r] && next_use(lt, r, i) > when)
@@ -570,9 +621,86 @@ static bool make_room(struct lifetime *lt, const struct model *m, unsigned t, un
     return true;
 }
 
+/* The scratch bytes op i needs: its short-lived tensors'. */
+static uint64_t op_scratch_bytes(const struct lifetime *lt, const struct model *m, unsigned i)
+{
+    uint64_t bytes = 0;
+    for (unsigned s = 0; s < SLOTS; s++) {
+        const uint32_t t = m->op[i].slot[s];
+        if (t != NO_TENSOR && short_lived(lt, m, t))
+            bytes += page_round(m->tensor[t].bytes);
+    }
+    return bytes;
+}
+
+/* After profiling: the scratch buffer, mapped in node 0 and not touched (its pages exist only
+ * while an op uses them). Not when the short-lived tensors are in node 0 already (dram-only:
+ * nothing to gain, and the ideal stays the plain run) or when no op's fit the budget. */
+static void scratch_init(struct lifetime *lt, const struct model *m)
+{
+    uint64_t most = 0;
+    unsigned sample = NO_TENSOR;
+    for (unsigned i = 0; i < m->nops; i++) {
+        const uint64_t bytes = op_scratch_bytes(lt, m, i);
+        most = bytes > most ? bytes : most;
+    }
+    for (unsigned t = 0; t < m->ntensors; t++)
+        if (short_lived(lt, m, t)) {
+            lt->home[t] = m->tensor[t].data;
+            sample = t;
+        }
+    if (most == 0 || most > lt->budget || node_of(m->tensor[sample].data) <= 0)
+        return;
+    lt->scratch = tensor_map(most, true);
+    lt->scratch_bytes = most;
+}
+
+/* Before op i, once op i's own tensors are promoted: book the scratch for its short-lived
+ * tensors, making room as for a tensor needed now; without room they stay where they live for
+ * this op (a tensor the op reads again and again is worth more of the budget than one it
+ * writes once). */
+static void scratch_before(struct lifetime *lt, struct model *m, unsigned i)
+{
+    const uint64_t need = lt->scratch == NULL ? 0 : op_scratch_bytes(lt, m, i);
+    if (need == 0)
+        return;
+    if (!make_room(lt, m, need, i, i)) {
+        lt->scratch_fallbacks++;
+        return;
+    }
+    uint64_t at = 0;
+    for (unsigned s = 0; s < SLOTS; s++) {
+        const uint32_t t = m->op[i].slot[s];
+        if (t != NO_TENSOR && short_lived(lt, m, t)) {
+            m->tensor[t].data = (float *)(lt->scratch + at);
+            lt->in_scratch[t] = true;
+            at += page_round(m->tensor[t].bytes);
+        }
+    }
+    book(lt, need);
+    lt->scratch_booked = need;
+    lt->scratch_ops++;
+}
+
+/* After the op: its short-lived tensors are dead, so the scratch's pages are freed (the next
+ * op's first touches get zeroed pages in node 0) and the tensors point home again. */
+static void scratch_after(struct lifetime *lt, struct model *m)
+{
+    if (lt->scratch_booked == 0)
+        return;
+    madvise(lt->scratch, lt->scratch_booked, MADV_DONTNEED);
+    for (unsigned t = 0; t < m->ntensors; t++)
+        if (lt->in_scratch[t]) {
+            m->tensor[t].data = lt->home[t];
+            lt->in_scratch[t] = false;
+        }
+    lt->resident_bytes -= lt->scratch_booked;
+    lt->scratch_booked = 0;
+}
+
 /* Before op i: promote the movable tensors used within the next `lookahead` ops, the one
- * needed first first. */
-static void lifetime_before(struct lifetime *lt, const struct model *m, unsigned i)
+ * needed first first, and the scratch for op i after op i's own. */
+static void lifetime_before(struct lifetime *lt, struct model *m, unsigned i)
 {
     const uint64_t end = i + lt->lookahead < lt->nops ? i + lt->lookahead : lt->nops;
     const uint64_t window = ((1ull << end) - 1) & ~((1ull << i) - 1);
@@ -584,18 +712,27 @@ static void lifetime_before(struct lifetime *lt, const struct model *m, unsigned
                 wanted[at] = wanted[at - 1];
             wanted[at] = t;
         }
+    bool scratch_done = false;
     for (unsigned k = 0; k < n; k++) {
-        if (make_room(lt, m, wanted[k], i))
+        const uint64_t when = next_use(lt, wanted[k], i);
+        if (when > i && !scratch_done) {
+            scratch_before(lt, m, i);
+            scratch_done = true;
+        }
+        if (make_room(lt, m, page_round(m->tensor[wanted[k]].bytes), when, i))
             promote(lt, m, wanted[k]);
         else
             lt->skipped++;
     }
+    if (!scratch_done)
+        scratch_before(lt, m, i);
     if (!lt->hints)
         return;
-    /* the tensors on the device that op i + A uses (moved or used in place): into SSD DRAM */
+    /* the tensors on the device that op i + A uses (moved or used in place): into SSD DRAM;
+     * not the short-lived ones when there is a scratch (written first, most likely there) */
     const unsigned ahead = (unsigned)((i + lt->lookahead) % lt->nops);
     for (unsigned t = 0; t < m->ntensors; t++)
-        if (!lt->resident[t] && (lt->uses[t] >> ahead & 1) &&
+        if (!lt->resident[t] && (lt->uses[t] >> ahead & 1) && !(lt->scratch && short_lived(lt, m, t)) &&
             cxlssd_hint(CXLSSD_HINT_NEED, ahead, m->tensor[t].data, m->tensor[t].bytes) >= 0)
             lt->hints_need++;
 }
@@ -613,28 +750,19 @@ static void lifetime_wait(struct lifetime *lt, const struct op *op)
     }
 }
 
-/* A tensor whose value is dead after its last use in an iteration (the next iteration
- * writes it before reading it): the activations the layers write, all the gradients. */
-static bool transient(const struct model *m, unsigned t)
-{
-    if (t >= id_act(m->layers, 1)) /* the activations the layers write, their gradients */
-        return true;
-    return t >= T_FIRST_LAYER && t < id_weight(m->layers) && (t - T_FIRST_LAYER) % PER_LAYER >= 2; /* dW, db */
-}
-
 /* After op i: demote the promoted tensors whose last use in the iteration was op i, except
- * those that the next iteration's first prefetches would bring back at once. */
-static void lifetime_after(struct lifetime *lt, const struct model *m, unsigned i)
+ * those that the next iteration's first prefetches would bring back at once; free the
+ * scratch. */
+static void lifetime_after(struct lifetime *lt, struct model *m, unsigned i)
 {
     for (unsigned t = 0; t < m->ntensors; t++)
         if (lt->resident[t] && (lt->uses[t] >> i) == 1 && next_use(lt, t, i + 1) >= i + 1 + lt->lookahead)
             demote(lt, m, t);
-    if (!lt->hints)
-        return;
-    for (unsigned t = 0; t < m->ntensors; t++)
-        if (!lt->resident[t] && (lt->uses[t] >> i) == 1 && transient(m, t) &&
+    for (unsigned t = 0; lt->hints && t < m->ntensors; t++)
+        if (!lt->resident[t] && !lt->in_scratch[t] && (lt->uses[t] >> i) == 1 && transient(m, t) &&
             cxlssd_hint(CXLSSD_HINT_DEAD, i, m->tensor[t].data, m->tensor[t].bytes) >= 0)
             lt->hints_dead++;
+    scratch_after(lt, m);
 }
 
 /* The static split (ZeRO-Offload's kind: a fixed placement chosen once): the movable
@@ -662,7 +790,7 @@ static void static_split(struct lifetime *lt, const struct model *m)
 }
 
 /* One training iteration: every op in order; `record` the uses, or `place` the tensors. */
-static double iteration(const struct model *m, struct lifetime *lt, bool record, bool place)
+static double iteration(struct model *m, struct lifetime *lt, bool record, bool place)
 {
     double loss_value = 0;
     for (unsigned i = 0; i < m->nops; i++) {
@@ -689,7 +817,7 @@ static struct options parse_options(int argc, char **argv)
     struct options opt = {.layers = DEFAULT_LAYERS, .width = DEFAULT_WIDTH, .batch = DEFAULT_BATCH,
                           .iterations = DEFAULT_ITERATIONS, .profile = DEFAULT_PROFILE,
                           .lookahead = DEFAULT_LOOKAHEAD, .budget = DEFAULT_BUDGET, .policy = POLICY_NONE,
-                          .transfer = TRANSFER_SYNC, .hints = 0,
+                          .transfer = TRANSFER_SYNC, .hints = 0, .scratch = 1,
                           .lr = DEFAULT_LR, .common = WL_COMMON_DEFAULTS};
     struct wl_option options[] = {
         WL_SIZED("width", &opt.width, 16, MAX_WIDTH),
@@ -702,6 +830,7 @@ static struct options parse_options(int argc, char **argv)
         WL_SIZE("dram-budget", &opt.budget, 0, 1ull << 40),
         WL_CHOICE("transfer", &opt.transfer, TRANSFERS),
         WL_CHOICE("hints", &opt.hints, SWITCHES),
+        WL_CHOICE("scratch", &opt.scratch, SWITCHES),
         WL_REAL("lr", &opt.lr, 0, 10),
         WL_END,
     };
@@ -751,6 +880,8 @@ int main(int argc, char **argv)
         losses[it] = iteration(&run, &lt, true, false);
     if (opt.policy == POLICY_STATIC)
         static_split(&lt, &run); /* synchronous, before the ROI: the split is fixed */
+    if (opt.policy == POLICY_LIFETIME && opt.scratch)
+        scratch_init(&lt, &run);
     wl_roi_begin(&opt.common);
     bool timed = true;
     for (uint64_t it = 0; it < opt.iterations; it++) {
@@ -803,6 +934,7 @@ int main(int argc, char **argv)
     wl_json_u64(&j, "dram_budget", opt.budget);
     wl_json_str(&j, "transfer", TRANSFERS[opt.transfer]);
     wl_json_str(&j, "hints", SWITCHES[opt.hints]);
+    wl_json_str(&j, "scratch", SWITCHES[opt.scratch]);
     wl_json_real(&j, "lr", opt.lr);
     wl_report_data(&j, &opt.common);
     wl_json_u64(&j, "tensors", run.ntensors);
@@ -825,6 +957,9 @@ int main(int argc, char **argv)
     wl_json_u64(&j, "transfer_waits", lt.waits);
     wl_json_u64(&j, "hints_need", lt.hints_need);
     wl_json_u64(&j, "hints_dead", lt.hints_dead);
+    wl_json_u64(&j, "scratch_bytes", lt.scratch_bytes);
+    wl_json_u64(&j, "scratch_ops", lt.scratch_ops);
+    wl_json_u64(&j, "scratch_fallbacks", lt.scratch_fallbacks);
     wl_json_real(&j, "loss_first", losses[0]);
     wl_json_real(&j, "loss_last", losses[total - 1]);
     wl_json_u64(&j, "mismatched_tensors", mismatched_tensors);

@@ -72,6 +72,8 @@ def test_the_binary_trains_and_self_checks_on_the_host(runtime: Path, args: tupl
     assert lifetime["placement_failures"] > 0 and lifetime["bytes_promoted"] == 0
     assert asynchronous["placement_failures"] > 0 and split["placement_failures"] > 0
     assert lifetime["checksum"] == none["checksum"] == asynchronous["checksum"] == split["checksum"]
+    # the host's memory is node 0: the gradients are in DRAM already, so no scratch
+    assert lifetime["params"]["scratch"] == "on" and lifetime["scratch_bytes"] == lifetime["scratch_ops"] == 0
 
 
 def test_the_checksum_follows_the_seed_and_a_fault_fails_the_check(runtime: Path) -> None:
@@ -98,6 +100,7 @@ def test_the_footprint_picks_the_width(runtime: Path) -> None:
     (["--footprint", "64K"], "--footprint 65536 is too small"),
     (["--width", "64", "--footprint", "1M"], "--footprint and --width are exclusive"),
     (["--lr", "0"], "--lr 0: must be strictly between 0 and 10"),
+    (["--scratch", "maybe"], "--scratch: 'maybe' is not one of off, on"),
 ])
 def test_bad_arguments_exit_2_with_usage(runtime: Path, args: list[str], message: str) -> None:
     result = host_run(runtime, *args)
@@ -120,13 +123,17 @@ def guest_run(platform: Platform, design: str, *args: str) -> tuple[dict[str, An
 
 @pytest.fixture(scope="module")
 def guest_runs(default_platform: Platform) -> dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]]:
-    """The four configurations: all on CXL-SSD, with the helper, all on DRAM (the ideal), and the
-    helper under dram-only with a budget that forces evictions."""
+    """The configurations: all on CXL-SSD; with the helper (moves only, the gradients in place:
+    synchronous, and with the transfer engine and hints); with the helper's scratch for the
+    gradients; all on DRAM (the ideal); the helper under dram-only with a budget that forces
+    evictions."""
     return {
         ("base-cssd", "none"): guest_run(default_platform, "base-cssd"),
-        ("base-cssd", "lifetime"): guest_run(default_platform, "base-cssd", "--policy", "lifetime"),
+        ("base-cssd", "lifetime"): guest_run(default_platform, "base-cssd", "--policy", "lifetime",
+                                             "--scratch", "off"),
         ("base-cssd", "async"): guest_run(default_platform, "base-cssd", "--policy", "lifetime",
-                                          "--transfer", "async", "--hints", "on"),
+                                          "--transfer", "async", "--hints", "on", "--scratch", "off"),
+        ("base-cssd", "scratch"): guest_run(default_platform, "base-cssd", "--policy", "lifetime"),
         ("dram-only", "none"): guest_run(default_platform, "dram-only"),
         ("dram-only", "lifetime"): guest_run(default_platform, "dram-only", "--policy", "lifetime",
                                              "--dram-budget", str(TIGHT_BUDGET_BYTES)),
@@ -203,6 +210,33 @@ def test_the_lifetime_policy_is_faster_than_none_under_base_cssd(
     assert stall["base-cssd", "lifetime"] < 0.7 * stall["base-cssd", "none"]
     # the helper's own cost under dram-only (system calls, no moves) is small
     assert times["dram-only", "lifetime"] == pytest.approx(ideal, rel=0.05)
+
+
+@pytest.mark.guest
+def test_the_scratch_gives_the_gradients_host_dram_within_the_budget(
+    guest_runs: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]],
+) -> None:
+    """--scratch on (the default): every backward op writes its weight and bias gradients in
+    one node-0 buffer booked against the budget while the op runs, instead of on the device."""
+    report, roi = guest_runs["base-cssd", "scratch"]
+    moves_only, moves_only_roi = guest_runs["base-cssd", "lifetime"]
+    params = report["params"]
+    print(f"scratch: {report['iteration_ns_mean'] / 1e6:.1f} ms an iteration "
+          f"(without {moves_only['iteration_ns_mean'] / 1e6:.1f}), device stall "
+          f"{roi['device_stall_ns'] / 1e6:.1f} ms (without {moves_only_roi['device_stall_ns'] / 1e6:.1f}), "
+          f"{report['scratch_ops']} ops with it, {report['scratch_fallbacks']} without")
+    assert params["scratch"] == "on"
+    # dW and db, each in whole pages
+    assert report["scratch_bytes"] == sum(-(-size // 4096) * 4096 for size in (4 * params["width"] ** 2,
+                                                                                4 * params["width"]))
+    # the budget (16 MiB) has room for it in every backward op of the measured iterations
+    assert report["scratch_ops"] == params["layers"] * params["iterations"]
+    assert report["scratch_fallbacks"] == 0
+    assert report["peak_promoted_bytes"] <= params["dram_budget"]
+    assert roi["device_stall_ns"] < moves_only_roi["device_stall_ns"]
+    assert report["iteration_ns_mean"] < moves_only["iteration_ns_mean"]
+    # under dram-only the gradients are in node 0 already: no scratch, the ideal stays the plain run
+    assert guest_runs["dram-only", "lifetime"][0]["scratch_bytes"] == 0
 
 
 @pytest.mark.guest
