@@ -128,6 +128,10 @@ class TransferEngine:
     def brackets_open(self) -> bool:
         return bool(self._open)
 
+    def in_bracket(self, vcpu: int) -> bool:
+        """Whether ``vcpu``'s device requests are the engine's now."""
+        return vcpu in self._open
+
     def begin(self, vcpu: int, arg: int, local_ns: int) -> None:
         if vcpu in self._open:
             log.warning("transfer %d began on vCPU %d inside transfer %d: the earlier one is dropped",

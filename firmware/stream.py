@@ -188,9 +188,10 @@ class StreamServer:
         out = self._process(request)
         assert out is not None
         vcpu = int(request["vcpu"][0])
-        ticket, long_delay, ready_ns = self.switching.query(
-            vcpu, int(out["start_ns"][0]), int(out["latency_ns"][0])
-        )
+        # inside a transfer bracket the read is the engine's (posted): the vCPU has nothing
+        # to wait for, so nothing to switch away from
+        latency_ns = 0 if self.transfers.in_bracket(vcpu) else int(out["latency_ns"][0])
+        ticket, long_delay, ready_ns = self.switching.query(vcpu, int(out["start_ns"][0]), latency_ns)
         if self.on_query is not None:
             self.on_query(vcpu, ticket, long_delay, ready_ns)
 

@@ -15,7 +15,7 @@ from cxlssd.firmware.hints import HINT_DEAD, HINT_NEED, MAX_UNWAITED_TRANSFERS, 
 from cxlssd.firmware.live_switching import guest_driven
 from cxlssd.firmware.profile import load_profile
 from cxlssd.firmware.replay import replay_file
-from cxlssd.firmware.request import REQUEST_DTYPE, MarkerCmd, Op
+from cxlssd.firmware.request import FLAG_QUERY, REQUEST_DTYPE, MarkerCmd, Op
 from cxlssd.firmware.stream import StreamServer
 from cxlssd.firmware.trace import TraceWriter
 
@@ -130,6 +130,22 @@ def test_the_engine_runs_one_transfer_at_a_time_in_issue_order() -> None:
     s.serve(mark(1000, MarkerCmd.XFER_WAIT, 2))
     # the second transfer started when the first was done
     assert clock + s.transfers.counters.wait_ns == first_busy + second_busy
+
+
+def test_a_long_delay_query_inside_a_bracket_is_the_engines_read_and_never_long() -> None:
+    """A queried read of the copy (the kernel helper asks before a page not cached): the engine
+    reads it, posted, so the answer is not a long delay and the vCPU is charged nothing for it;
+    outside a bracket the same read of a cold page is a long delay."""
+    answers: list[bool] = []
+    s = server("skybyte-c")
+    s.on_query = lambda vcpu, ticket, long_delay, ready_ns: answers.append(long_delay)
+    s.serve(np.concatenate([mark(1000, MarkerCmd.XFER_BEGIN, 1 << 1),
+                            record(2000, 100 << 12, flags=FLAG_QUERY),
+                            mark(1000 + 500_000, MarkerCmd.XFER_END, 1)]))
+    assert answers == [False]
+    assert stall(s) == host_ns(0) - 500_000  # the bracket's remap, nothing for the read
+    s.serve(record(600_000, 200 << 12, flags=FLAG_QUERY))
+    assert answers == [False, True]
 
 
 def test_a_demotion_bracket_is_a_transfer_to_the_device_nobody_waits_for() -> None:
