@@ -21,7 +21,6 @@ so that the next point (another design, another repetition) can inject it again.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -43,12 +42,10 @@ from cxlssd.platform.inject import (
     Poison,
     RunningInstance,
     Uncorrectable,
-    UncorrectableError,
     inject,
     prepare,
     unmask_corrected_internal_errors,
 )
-from cxlssd.validation import close_match
 
 if TYPE_CHECKING:
     from cxlssd.platform.machine import Platform
@@ -83,23 +80,6 @@ class QmpEvent:
         return isinstance(self.injection, Uncorrectable)
 
 
-def _uncorrectable_error(raw: object, where: str) -> UncorrectableError:
-    """An error type (``mem-data-ecc``) or ``{error_type: ..., header: [dwords]}``."""
-    if isinstance(raw, str):
-        return UncorrectableError(error_type=raw)
-    if not isinstance(raw, dict) or not isinstance(raw.get("error_type"), str):
-        raise ConfigError(f"{where}: an uncorrectable error is a type such as mem-data-ecc, or "
-                          f"{{error_type: TYPE, header: [DWORDS]}}; got {raw!r}")
-    return UncorrectableError(error_type=raw["error_type"], header=tuple(raw.get("header", ())))
-
-
-def _field_value(name: str, value: Any, where: str) -> Any:
-    """YAML lists become the tuples the injection classes take."""
-    if name == "errors" and isinstance(value, list):
-        return tuple(_uncorrectable_error(e, f"{where}.errors") for e in value)
-    return tuple(value) if isinstance(value, list) else value
-
-
 def qmp_event_from_dict(raw: dict[str, Any], where: str) -> QmpEvent:
     """A scenario's QMP injection from its YAML mapping; :class:`ConfigError` naming the problem."""
     kind = raw.get("kind")
@@ -123,23 +103,8 @@ def qmp_event_from_dict(raw: dict[str, Any], where: str) -> QmpEvent:
         if isinstance(after, bool) or not isinstance(after, int | float) or not 0 <= after <= MAX_AFTER_S:
             raise ConfigError(f"{where}.after_s: expected 0..{MAX_AFTER_S:g} seconds, got {after!r}")
         at, after_s = "after", float(after)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
     arguments = {k: v for k, v in raw.items() if k not in ("kind", "at", "after_s")}
-    for name in arguments:
-        if name not in fields:
-            close = close_match(name, fields)
-            fix = f"did you mean {close!r}?" if close else f"known: {', '.join(fields)}"
-            raise ConfigError(f"{where}: {kind} has no field '{name}'; {fix}")
-    required = [name for name, f in fields.items()
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-    missing = [name for name in required if name not in arguments]
-    if missing:
-        raise ConfigError(f"{where}: {kind} needs {', '.join(missing)} (docs/inject.md)")
-    try:
-        injection = cls(**{k: _field_value(k, v, where) for k, v in arguments.items()})
-    except ConfigError as error:
-        raise ConfigError(f"{where}: {error}") from None
-    return QmpEvent(injection, at, after_s)
+    return QmpEvent(cls.parse(arguments, where), at, after_s)
 
 
 def check_events(events: Sequence[QmpEvent], devices: Sequence[DeviceView], where: str) -> None:
@@ -280,7 +245,7 @@ class QmpScenario(Lifecycle):
         for i, event in enumerate(self.events):
             outcome = self._done.get(i, {"sent": False, "reason": "the run stopped before its time"})
             entry = {"kind": event.injection.kind, "when": event.when,
-                     "injection": dataclasses.asdict(event.injection), **outcome}
+                     "injection": event.injection.model_dump(), **outcome}
             if entry["sent"]:
                 entry["observed"] = seen[i]
                 if seen[i] is None:

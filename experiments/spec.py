@@ -320,9 +320,9 @@ def _scenario(raw: object, where: str) -> tuple[tuple[tuple[float, FirmwareKnob]
         if isinstance(at_ms, bool) or not isinstance(at_ms, int | float) or not 0 <= at_ms <= 3_600_000:
             raise ConfigError(f"{here}.at_ms: expected 0..3600000 ms, got {short_repr(at_ms)}")
         try:
-            knob = knob_from_dict({k: v for k, v in entry.items() if k != "at_ms"})
-        except InputError as error:
-            raise ConfigError(f"{here}: {error}") from None
+            knob = knob_from_dict({k: v for k, v in entry.items() if k != "at_ms"}, here)
+        except InputError as error:  # an experiment's problem is its configuration's
+            raise ConfigError(str(error)) from None
         knobs.append((float(at_ms), knob))
     return tuple(knobs), tuple(qmp)
 

@@ -41,16 +41,19 @@ results; the guest's run goes on.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal, Self
 
-from cxlssd.errors import InputError
+from pydantic import AfterValidator, Field, StrictFloat, StrictInt, field_validator, model_validator
+
+from cxlssd.errors import CxlssdError, InputError
 from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.flash import FlashBackend, check_rebuildable
 from cxlssd.firmware.profile import Profile
+from cxlssd.models import Cli, ConfigModel
+from cxlssd.yamlfile import short_repr
 
 log = logging.getLogger(__name__)
 
@@ -61,132 +64,148 @@ MAX_STORM_BLOCKS = 10_000
 DIE_MODES = ("slow", "fail", "restore")
 
 
-def _check_ns(name: str, value: object, zero_ok: bool = False) -> None:
-    low = 0 if zero_ok else 1
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_NS:
-        raise InputError(f"{name} must be an integer number of ns in {low}..{MAX_NS}, got {value!r}")
+def _ns_in(low: int) -> AfterValidator:
+    def check(value: int) -> int:
+        if not low <= value <= MAX_NS:
+            raise ValueError(f"{value!r} is out of range: give a whole number of ns in {low}..{MAX_NS}")
+        return value
+
+    return AfterValidator(check)
 
 
-def _check_duration(value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_DURATION_MS:
-        raise InputError(
-            f"duration_ms must be 0 < ms <= {MAX_DURATION_MS} of modelled time, got {value!r}"
-        )
+def _duration(value: float) -> float:
+    if not 0 < value <= MAX_DURATION_MS:  # also rejects NaN
+        raise ValueError(f"{value!r} is out of range: give 0 < ms <= {MAX_DURATION_MS} of modelled time")
+    return value
 
 
-def _check_index(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InputError(f"{name} must be a non-negative integer index, got {value!r}")
+def _index(value: int) -> int:
+    if value < 0:
+        raise ValueError(f"{value!r} is not an index: give a non-negative integer")
+    return value
 
 
-@dataclass(frozen=True)
-class FlashLatency:
+Ns = Annotated[StrictInt, _ns_in(1)]
+NsOrZero = Annotated[StrictInt, _ns_in(0)]
+DurationMs = Annotated[StrictFloat, AfterValidator(_duration)]
+Index = Annotated[StrictInt, AfterValidator(_index)]
+
+
+class _Knob(ConfigModel):
+    """A knob's values are checked when it is built; a problem is an InputError (a
+    control-file line or a scenario entry names it)."""
+
+    error_class: ClassVar[type[CxlssdError]] = InputError
+    kind: ClassVar[str]
+    # Fields of which exactly one is given on the command line (cxlssd.models.add_options)
+    cli_one_of: ClassVar[tuple[tuple[str, ...], ...]] = ()
+
+
+class FlashLatency(_Knob):
+    """Firmware knob: flash read/program/erase time."""
+
     kind: ClassVar[str] = "flash-latency"
-    read_ns: int | None = None
-    program_ns: int | None = None
-    erase_ns: int | None = None
+    read_ns: Ns | None = Field(None, description="flash read time per page, ns")
+    program_ns: Ns | None = Field(None, description="flash program time per page, ns")
+    erase_ns: Ns | None = Field(None, description="flash erase time per block, ns")
 
-    def __post_init__(self) -> None:
-        given = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
-        if not given:
-            raise InputError("flash-latency needs at least one of --read-ns, --program-ns, --erase-ns")
-        for name, value in given.items():
-            _check_ns(name, value)
+    @model_validator(mode="after")
+    def _some(self) -> Self:
+        if self.read_ns is None and self.program_ns is None and self.erase_ns is None:
+            raise ValueError("needs at least one of read_ns, program_ns, erase_ns "
+                             "(--read-ns, --program-ns, --erase-ns)")
+        return self
 
 
-@dataclass(frozen=True)
-class LinkLatency:
+class LinkLatency(_Knob):
+    """Firmware knob: extra CXL link latency (0 restores)."""
+
     kind: ClassVar[str] = "link-latency"
-    extra_ns: int = 0
-
-    def __post_init__(self) -> None:
-        _check_ns("extra_ns", self.extra_ns, zero_ok=True)
+    extra_ns: NsOrZero = Field(description="extra latency on every device access, ns (0 restores)")
 
 
-@dataclass(frozen=True)
-class LatencySpike:
+class LatencySpike(_Knob):
+    """Firmware knob: extra link latency for N ms of modelled time."""
+
     kind: ClassVar[str] = "latency-spike"
-    extra_ns: int = 0
-    duration_ms: float = 0.0
-
-    def __post_init__(self) -> None:
-        _check_ns("extra_ns", self.extra_ns)
-        _check_duration(self.duration_ms)
+    extra_ns: Ns = Field(description="extra latency on every device access, ns")
+    duration_ms: DurationMs = Field(description="how long, ms of modelled time")
 
 
-@dataclass(frozen=True)
-class GcStorm:
-    """Forced GC on ``dies`` (None: all) for ``duration_ms`` of modelled time, or
-    ``blocks`` blocks on each die at once (exactly one of the two)."""
+class GcStorm(_Knob):
+    """Firmware knob: forced garbage collection for N ms of modelled time (or N blocks).
+    On ``dies`` (None: all), for ``duration_ms``, or ``blocks`` blocks on each die at
+    once (exactly one of the two)."""
 
     kind: ClassVar[str] = "gc-storm"
-    duration_ms: float | None = None
-    blocks: int | None = None
-    dies: tuple[int, ...] | None = None
+    cli_one_of: ClassVar[tuple[tuple[str, ...], ...]] = (("duration_ms", "blocks"),)
+    duration_ms: DurationMs | None = Field(None, description="keep the dies collecting this long (modelled)")
+    blocks: StrictInt | None = Field(None, description="collect this many blocks on each die at once")
+    dies: Annotated[tuple[Index, ...] | None, Cli(metavar="D,D,...")] = Field(
+        None, description="die indexes (default: every die)"
+    )
 
-    def __post_init__(self) -> None:
+    @field_validator("blocks")
+    @classmethod
+    def _blocks(cls, value: int | None) -> int | None:
+        if value is not None and not 1 <= value <= MAX_STORM_BLOCKS:
+            raise ValueError(f"{value!r} is out of range: give 1..{MAX_STORM_BLOCKS} blocks per die")
+        return value
+
+    @field_validator("dies")
+    @classmethod
+    def _dies(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("give a non-empty list of die indexes (or leave dies unset: all)")
+        return tuple(sorted(set(value)))
+
+    @model_validator(mode="after")
+    def _one_size(self) -> Self:
         if (self.duration_ms is None) == (self.blocks is None):
-            raise InputError(
-                "gc-storm needs exactly one of --duration-ms (modelled time) and --blocks (per die)"
-            )
-        if self.duration_ms is not None:
-            _check_duration(self.duration_ms)
-        if self.blocks is not None and (
-            isinstance(self.blocks, bool) or not isinstance(self.blocks, int)
-            or not 1 <= self.blocks <= MAX_STORM_BLOCKS
-        ):
-            raise InputError(f"blocks must be an integer 1..{MAX_STORM_BLOCKS} per die, got {self.blocks!r}")
-        if self.dies is not None:
-            if not isinstance(self.dies, list | tuple) or not self.dies:
-                raise InputError(
-                    f"dies must be a non-empty list of die indexes (or unset: all), got {self.dies!r}"
-                )
-            for die in self.dies:
-                _check_index("a die", die)
-            object.__setattr__(self, "dies", tuple(sorted(set(self.dies))))  # JSON gives a list
+            raise ValueError("needs exactly one of --duration-ms (modelled time) and --blocks (per die)")
+        return self
 
 
-@dataclass(frozen=True)
-class DieFault:
-    """``mode`` slow (array times x ``factor``), fail or restore ``die``, or every
-    die of ``channel`` (exactly one of the two)."""
+class DieFault(_Knob):
+    """Firmware knob: slow down, fail or restore a flash die (or a channel's dies).
+    ``mode`` slow (array times x ``factor``), fail or restore ``die``, or every die of
+    ``channel`` (exactly one of the two)."""
 
     kind: ClassVar[str] = "die-fault"
-    mode: str = "slow"
-    die: int | None = None
-    channel: int | None = None
-    factor: float | None = None
+    cli_one_of: ClassVar[tuple[tuple[str, ...], ...]] = (("die", "channel"), ("factor", "mode"))
+    mode: Annotated[Literal["slow", "fail", "restore"],
+                    Cli(flag="", presets=(("--fail", "fail"), ("--restore", "restore")))] = Field(
+        "slow", description="slow, fail (no new writes, its pages rebuilt on read) or restore"
+    )
+    die: Index | None = Field(None, description="die index (die d is on channel d % channels)")
+    channel: Index | None = Field(None, description="every die of this flash channel")
+    factor: Annotated[StrictFloat | None, Cli(flag="--slow", metavar="FACTOR")] = Field(
+        None, description="slow: multiply its read/program/erase times by this"
+    )
 
-    def __post_init__(self) -> None:
-        if self.mode not in DIE_MODES:
-            raise InputError(f"die-fault mode must be one of {', '.join(DIE_MODES)}, got {self.mode!r}")
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
         if (self.die is None) == (self.channel is None):
-            raise InputError("die-fault needs exactly one of --die and --channel")
-        if self.die is not None:
-            _check_index("die", self.die)
-        else:
-            _check_index("channel", self.channel)
+            raise ValueError("needs exactly one of --die and --channel")
         if self.mode != "slow":
             if self.factor is not None:
-                raise InputError(f"die-fault --factor is for mode slow, not {self.mode}")
-        elif isinstance(self.factor, bool) or not isinstance(self.factor, int | float) or not (
-            1 < self.factor <= MAX_FACTOR
-        ):
-            raise InputError(
-                f"die-fault slow needs a latency factor 1 < factor <= {MAX_FACTOR:g} "
-                f"(--restore brings the die back), got {self.factor!r}"
-            )
+                raise ValueError(f"factor is for mode slow (--slow FACTOR), not {self.mode}")
+        elif self.factor is None or not 1 < self.factor <= MAX_FACTOR:
+            raise ValueError(f"mode slow needs a latency factor 1 < factor <= {MAX_FACTOR:g} "
+                             f"(--restore brings the die back), got {self.factor!r}")
+        return self
 
 
-@dataclass(frozen=True)
-class FlushThrottle:
-    """At most one write-log flush program per ``program_interval_ns`` (0 restores)."""
+class FlushThrottle(_Knob):
+    """Firmware knob: at most one write-log flush program per N ns (0 restores)."""
 
     kind: ClassVar[str] = "flush-throttle"
-    program_interval_ns: int = 0
-
-    def __post_init__(self) -> None:
-        _check_ns("program_interval_ns", self.program_interval_ns, zero_ok=True)
+    cli_one_of: ClassVar[tuple[tuple[str, ...], ...]] = (("program_interval_ns",),)
+    program_interval_ns: Annotated[NsOrZero, Cli(flag="--interval-ns", presets=(("--off", 0),))] = Field(
+        0, description="ns between flush programs (0, --off: stop throttling)"
+    )
 
 
 FirmwareKnob = FlashLatency | LinkLatency | LatencySpike | GcStorm | DieFault | FlushThrottle
@@ -196,23 +215,15 @@ KNOBS: dict[str, type[FirmwareKnob]] = {
 
 
 def knob_to_dict(knob: FirmwareKnob) -> dict[str, Any]:
-    out: dict[str, Any] = {"kind": knob.kind}
-    for name, value in dataclasses.asdict(knob).items():
-        if value is not None:
-            out[name] = list(value) if isinstance(value, tuple) else value
-    return out
+    """The knob's JSON form: its kind and the fields that are set."""
+    return {"kind": knob.kind, **knob.model_dump(mode="json", exclude_none=True)}
 
 
-def knob_from_dict(raw: object) -> FirmwareKnob:
-    """A knob from its JSON form; :class:`InputError` naming what is wrong."""
+def knob_from_dict(raw: object, where: str = "") -> FirmwareKnob:
+    """A knob from its JSON form; :class:`InputError` naming what is wrong (and ``where``)."""
     if not isinstance(raw, dict) or raw.get("kind") not in KNOBS:
-        raise InputError(f"not a firmware knob: {raw!r}; kinds: {', '.join(KNOBS)}")
-    cls = KNOBS[raw["kind"]]
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(raw) - fields - {"kind"}
-    if unknown:
-        raise InputError(f"{raw['kind']}: unknown field(s) {sorted(unknown)}; known: {sorted(fields)}")
-    return cls(**{k: v for k, v in raw.items() if k != "kind"})
+        raise InputError(f"not a firmware knob: {short_repr(raw)}; kinds: {', '.join(KNOBS)}")
+    return KNOBS[raw["kind"]].parse({k: v for k, v in raw.items() if k != "kind"}, where)
 
 
 # -- the design a knob is sent to ------------------------------------------------
@@ -360,8 +371,7 @@ class KnobController:
         self.controller.set_latencies(cxl_link_ns=self.base_link_ns + self.extra_ns + self.spike_ns)
 
     def _flash_latency(self, knob: FlashLatency) -> dict[str, Any]:
-        given = {k: v for k, v in dataclasses.asdict(knob).items() if v is not None}
-        self.controller.flash_timeline().set_timings(**given)
+        self.controller.flash_timeline().set_timings(**knob.model_dump(exclude_none=True))
         return {}
 
     def _link_latency(self, knob: LinkLatency) -> dict[str, Any]:

@@ -1,12 +1,15 @@
 """Run-time fault injection through QEMU's CXL QMP commands (issue 7, QMP part),
 and dynamic capacity add/release on a DCD (``dc-add``, ``dc-release``).
 
-Each kind of injection is a small frozen dataclass. Everything that can be checked
-without the device is checked when it is built (known enum values, 64-byte or DC
-block alignment, field widths); everything that needs the device (index exists,
-address inside it, DC regions, read from QEMU's QOM) is checked by :func:`inject`
-before anything is sent. A problem is a
-:class:`~cxlssd.errors.ConfigError` naming it and the fix; nothing reaches QEMU.
+Each kind of injection is a frozen configuration model (:mod:`cxlssd.models`): its
+fields, their descriptions and checks are the one definition the CLI's options
+(``platform/inject_commands.py``) and the scenarios' YAML (``experiments/scenario.py``)
+are made from. Everything that can be checked without the device is checked when it
+is built (known enum values, 64-byte or DC block alignment, field widths); everything
+that needs the device (index exists, address inside it, DC regions, read from QEMU's
+QOM) is checked by :func:`inject` before anything is sent. A problem is a
+:class:`~cxlssd.errors.ConfigError` naming the field, the value and the fix; nothing
+reaches QEMU.
 
 Targets: a :class:`~cxlssd.platform.machine.Platform` of this process (its QMP
 connection), or a running instance by name from any process
@@ -23,6 +26,7 @@ each kind is in docs/inject.md.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import itertools
@@ -30,19 +34,31 @@ import json
 import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 
 from cxlssd.errors import ConfigError, GuestError
 from cxlssd.firmware.knobs import DeviceShape, FirmwareKnob, check_fits, knob_to_dict
 from cxlssd.firmware.profile import Profile, load_profile
 from cxlssd.lifecycle import ProcessId
+from cxlssd.models import Cli, ConfigModel
 from cxlssd.paths import runtime_root
 from cxlssd.platform.config import DC_MAX_REGIONS, CxlDeviceConfig
 from cxlssd.platform.live import attached_firmware_path, control_path
 from cxlssd.platform.machine import pid_file_alive
-from cxlssd.validation import did_you_mean, format_size
+from cxlssd.validation import did_you_mean, format_size, parse_size
 from cxlssd.yamlfile import short_repr
 
 if TYPE_CHECKING:
@@ -118,10 +134,10 @@ MEDIA_STATUS: Mapping[str, int] = {
 }
 
 
-# -- value checks ------------------------------------------------------------------
+# -- value checks (validators: the value and the fix; the model adds the key path) ----
 
 
-def _name_or_number(what: str, value: int | str, known: Mapping[str, int]) -> int:
+def _name_or_number(what: str, known: Mapping[str, int], value: int | str) -> int:
     """An enum given by name (``ecc-error``) or by number (0, ``0x0``); must be known."""
     listing = ", ".join(f"{name} ({number})" for name, number in known.items())
     number = value
@@ -131,41 +147,102 @@ def _name_or_number(what: str, value: int | str, known: Mapping[str, int]) -> in
         try:
             number = int(value, 0)
         except ValueError:
-            raise ConfigError(
+            raise ValueError(
                 f"{what} {value!r} is unknown{did_you_mean(value, list(known))}; known: {listing}"
             ) from None
     if isinstance(number, bool) or number not in known.values():
-        raise ConfigError(f"{what} {value} is not a known value; use one of {listing}")
+        raise ValueError(f"{what} {value} is not a known value; use one of {listing}")
     return int(number)
 
 
-def _unsigned(what: str, value: int, bits: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << bits:
-        raise ConfigError(
-            f"{what} {value!r} does not fit the {bits}-bit field; use 0..{(1 << bits) - 1:#x}"
-        )
-    return value
+def _checked_name_or_number(what: str, known: Mapping[str, int]) -> AfterValidator:
+    """Checks a name or number and keeps it as given (records show the name)."""
+    def check(value: int | str) -> int | str:
+        _name_or_number(what, known, value)
+        return value
+
+    return AfterValidator(check)
 
 
-def _mask(what: str, value: int, allowed: Mapping[str, int]) -> int:
+def _known_name(what: str, known: Sequence[str]) -> AfterValidator:
+    def check(value: str) -> str:
+        if value not in known:
+            raise ValueError(f"{what} {value!r} is unknown{did_you_mean(value, known)}; "
+                             f"known: {', '.join(known)}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _unsigned(bits: int) -> AfterValidator:
+    def check(value: int) -> int:
+        if not 0 <= value < 1 << bits:
+            raise ValueError(f"{value!r} does not fit the {bits}-bit field; use 0..{(1 << bits) - 1:#x}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _bit_names(names: Mapping[str, int]) -> BeforeValidator:
+    """A bit mask may be given as comma-separated bit names (``permanent,maintenance-needed``)."""
+    def from_names(value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        with contextlib.suppress(ValueError):
+            return int(value, 0)
+        unknown = [name for name in value.split(",") if name not in names]
+        if unknown:
+            raise ValueError(f"{unknown[0]!r} is not one of {', '.join(names)} (or give a number)")
+        return sum({names[name] for name in value.split(",")})
+
+    return BeforeValidator(from_names)
+
+
+def _defined_bits(allowed: Mapping[str, int]) -> AfterValidator:
     """A bit mask whose set bits must all be defined in ``allowed``."""
     every = sum(allowed.values())
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0 or value & ~every:
-        bits = ", ".join(f"{name}={bit:#x}" for name, bit in allowed.items())
-        raise ConfigError(f"{what} {value!r} sets undefined bits; combine {bits} (at most {every:#x})")
-    return value
+
+    def check(value: int) -> int:
+        if value < 0 or value & ~every:
+            bits = ", ".join(f"{name}={bit:#x}" for name, bit in allowed.items())
+            raise ValueError(f"{value!r} sets undefined bits; combine {bits} (at most {every:#x})")
+        return value
+
+    return AfterValidator(check)
 
 
-def _cacheline_aligned(what: str, value: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"{what} {value!r} must be a non-negative address, e.g. 0x1000")
+def _cacheline_aligned(value: int) -> int:
+    if value < 0:
+        raise ValueError(f"{value!r} must be a non-negative address, e.g. 0x1000")
     if value % CACHELINE:
         down = value - value % CACHELINE
-        raise ConfigError(
-            f"{what} {value:#x} is not 64-byte aligned (QEMU requires it); "
-            f"use {down:#x} or {down + CACHELINE:#x}"
+        raise ValueError(
+            f"{value:#x} is not 64-byte aligned (QEMU requires it); use {down:#x} or {down + CACHELINE:#x}"
         )
     return value
+
+
+def _device_index(value: int) -> int:
+    if value < 0:
+        raise ValueError(f"{value!r} must be a device index (0, 1, ...)")
+    return value
+
+
+Dpa = Annotated[StrictInt, AfterValidator(_cacheline_aligned)]
+U6 = Annotated[StrictInt, _unsigned(6)]
+U8 = Annotated[StrictInt, _unsigned(8)]
+U16 = Annotated[StrictInt, _unsigned(16)]
+U24 = Annotated[StrictInt, _unsigned(24)]
+U32 = Annotated[StrictInt, _unsigned(32)]
+U64 = Annotated[StrictInt, _unsigned(64)]
+# Bit masks: a number or bit names (the CLI passes the text on: the model reads names).
+EventFlags = Annotated[StrictInt, _bit_names(RECORD_FLAGS), _defined_bits({"severity": 0x3, **RECORD_FLAGS}),
+                       Cli(parse=str)]
+Descriptor = Annotated[StrictInt, _bit_names(DESCRIPTOR_BITS), _defined_bits(DESCRIPTOR_BITS), Cli(parse=str)]
+HealthStatus = Annotated[StrictInt, _bit_names(HEALTH_STATUS_BITS), _defined_bits(HEALTH_STATUS_BITS),
+                         Cli(parse=str)]
+NameOrNumber = StrictInt | StrictStr
+TransactionType = Annotated[NameOrNumber, _checked_name_or_number("transaction type", TRANSACTION_TYPES)]
 
 
 # -- the device an injection targets -------------------------------------------------
@@ -227,9 +304,10 @@ class DeviceView:
 
 # -- injection kinds -----------------------------------------------------------------
 
+_DEVICE_HELP = "CXL device index (0 = the first)"
 
-@dataclass(frozen=True, kw_only=True)
-class Injection:
+
+class Injection(ConfigModel):
     """Base of every injection kind: ``device`` is the CXL device index (0 = first)."""
 
     kind: ClassVar[str]
@@ -238,11 +316,7 @@ class Injection:
     refusal_hints: ClassVar[Mapping[str, str]] = {}
     # Whether check_device needs DeviceView.dynamic_capacity (read from QEMU first).
     needs_dc_layout: ClassVar[bool] = False
-    device: int = 0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.device, int) or self.device < 0:
-            raise ConfigError(f"device {self.device!r} must be a device index (0, 1, ...)")
+    device: Annotated[StrictInt, AfterValidator(_device_index)] = Field(0, description=_DEVICE_HELP)
 
     def check_device(self, device: DeviceView) -> None:
         """Checks that need the device (address range); nothing by default."""
@@ -252,27 +326,27 @@ class Injection:
         raise NotImplementedError
 
 
-@dataclass(frozen=True, kw_only=True)
 class Poison(Injection):
-    """Poison ``length`` bytes at device physical address ``dpa`` (both 64-byte units).
-    The guest reads the device's poison list through the mailbox."""
+    """Poison a device address range: ``length`` bytes at device physical address
+    ``dpa`` (both 64-byte units). The guest reads the device's poison list through the
+    mailbox."""
 
     kind: ClassVar[str] = "poison"
     command: ClassVar[str] = "cxl-inject-poison"
     refusal_hints: ClassVar[Mapping[str, str]] = {
         "Overlap": "poison ranges must not overlap poison injected before"
     }
-    dpa: int
-    length: int = CACHELINE
+    dpa: Dpa = Field(description="device physical address, 64-byte aligned")
+    length: StrictInt = Field(CACHELINE, description="bytes, a multiple of 64")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _cacheline_aligned("poison DPA", self.dpa)
-        if not isinstance(self.length, int) or self.length <= 0 or self.length % CACHELINE:
-            raise ConfigError(
-                f"poison length {self.length!r} must be a positive multiple of 64 bytes "
-                "(QEMU's unit), e.g. 64 or 4096"
+    @field_validator("length")
+    @classmethod
+    def _length(cls, value: int) -> int:
+        if value <= 0 or value % CACHELINE:
+            raise ValueError(
+                f"{value!r} must be a positive multiple of 64 bytes (QEMU's unit), e.g. 64 or 4096"
             )
+        return value
 
     def check_device(self, device: DeviceView) -> None:
         device.check_range("poison DPA", self.dpa, self.length)
@@ -281,133 +355,128 @@ class Poison(Injection):
         return {"start": self.dpa, "length": self.length}
 
 
-@dataclass(frozen=True, kw_only=True)
-class UncorrectableError:
-    """One uncorrectable CXL RAS error and its header log (up to 32 dwords)."""
+class UncorrectableError(ConfigModel):
+    """One uncorrectable CXL RAS error and its header log (up to 32 dwords); in YAML
+    also just its type (``mem-data-ecc``)."""
 
-    error_type: str
-    header: tuple[int, ...] = ()
+    label: ClassVar[str] = "uncorrectable error"
+    error_type: Annotated[StrictStr, _known_name("uncorrectable error type", UNCORRECTABLE_TYPES)] = Field(
+        description=f"error type: {', '.join(UNCORRECTABLE_TYPES)}"
+    )
+    header: Annotated[tuple[U32, ...], Cli(metavar="DW,DW,...")] = Field(
+        (), description="header log dwords (at most 32)"
+    )
 
-    def __post_init__(self) -> None:
-        if self.error_type not in UNCORRECTABLE_TYPES:
-            raise ConfigError(
-                f"uncorrectable error type {self.error_type!r} is unknown"
-                f"{did_you_mean(str(self.error_type), UNCORRECTABLE_TYPES)}; "
-                f"known: {', '.join(UNCORRECTABLE_TYPES)}"
-            )
-        if len(self.header) > HEADER_LOG_DWORDS:
-            raise ConfigError(
-                f"uncorrectable error header has {len(self.header)} dwords; "
-                f"the header log holds at most {HEADER_LOG_DWORDS}"
-            )
-        for dword in self.header:
-            _unsigned("uncorrectable error header dword", dword, 32)
+    @model_validator(mode="before")
+    @classmethod
+    def _type_alone(cls, raw: object) -> object:
+        if isinstance(raw, str):
+            return {"error_type": raw}
+        if not isinstance(raw, Mapping | UncorrectableError):
+            raise ValueError("an uncorrectable error is a type such as mem-data-ecc, or "
+                             f"{{error_type: TYPE, header: [DWORDS]}}; got {short_repr(raw)}")
+        return raw
+
+    @field_validator("header")
+    @classmethod
+    def _header(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if len(value) > HEADER_LOG_DWORDS:
+            raise ValueError(f"{len(value)} dwords; the header log holds at most {HEADER_LOG_DWORDS}")
+        return value
 
 
-@dataclass(frozen=True, kw_only=True)
 class Uncorrectable(Injection):
-    """Uncorrectable CXL RAS errors, reported by AER as an uncorrectable internal
-    error (fatal severity by default): the guest resets the link and takes the
-    device's memory offline (see docs/inject.md)."""
+    """Uncorrectable RAS error(s): AER fatal, the guest resets the link and loses the
+    region. Reported by AER as an uncorrectable internal error (fatal severity by
+    default): the guest takes the device's memory offline (see docs/inject.md)."""
 
     kind: ClassVar[str] = "uncorrectable"
     command: ClassVar[str] = "cxl-inject-uncorrectable-errors"
-    errors: tuple[UncorrectableError, ...]
+    errors: Annotated[
+        tuple[UncorrectableError, ...], Cli(flag="--type", metavar="TYPE", item_key="error_type")
+    ] = Field(description="one or more errors: each an error type, or {error_type, header}")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not self.errors:
-            raise ConfigError("an uncorrectable injection needs at least one error type, e.g. mem-data-ecc")
+    @field_validator("errors")
+    @classmethod
+    def _some(cls, value: tuple[UncorrectableError, ...]) -> tuple[UncorrectableError, ...]:
+        if not value:
+            raise ValueError("an uncorrectable injection needs at least one error type, e.g. mem-data-ecc")
+        return value
 
     def arguments(self) -> dict[str, Any]:
         return {"errors": [{"type": e.error_type, "header": list(e.header)} for e in self.errors]}
 
 
-@dataclass(frozen=True, kw_only=True)
 class Correctable(Injection):
-    """One correctable CXL RAS error, reported by AER as a corrected internal error.
-    The guest sees it only if that error is unmasked in the device's AER capability
+    """A correctable RAS error, reported by AER as a corrected internal error. The
+    guest sees it only if that error is unmasked in the device's AER capability
     (:func:`unmask_corrected_internal_errors`; the PCIe default masks it)."""
 
     kind: ClassVar[str] = "correctable"
     command: ClassVar[str] = "cxl-inject-correctable-error"
-    error_type: str
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.error_type not in CORRECTABLE_TYPES:
-            raise ConfigError(
-                f"correctable error type {self.error_type!r} is unknown"
-                f"{did_you_mean(str(self.error_type), CORRECTABLE_TYPES)}; "
-                f"known: {', '.join(CORRECTABLE_TYPES)}"
-            )
+    error_type: Annotated[StrictStr, _known_name("correctable error type", CORRECTABLE_TYPES),
+                          Cli(flag="--type", metavar="TYPE")] = Field(
+        description=f"error type: {', '.join(CORRECTABLE_TYPES)}"
+    )
 
     def arguments(self) -> dict[str, Any]:
         return {"type": self.error_type}
 
 
-@dataclass(frozen=True, kw_only=True)
+def _names(known: Mapping[str, int] | Sequence[str]) -> str:
+    return ", ".join(known)
+
+
 class _Event(Injection):
     """Common part of the event records: the log they go to and the record flags."""
 
-    log: str = "informational"
+    log: Annotated[StrictStr, _known_name("event log", list(EVENT_LOGS))] = Field(
+        "informational", description=f"event log: {_names(EVENT_LOGS)}"
+    )
     # Event Record Flags; None = just the severity of ``log`` (bits [1:0]).
-    flags: int | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.log not in EVENT_LOGS:
-            raise ConfigError(
-                f"event log {self.log!r} is unknown{did_you_mean(str(self.log), list(EVENT_LOGS))}; "
-                f"known: {', '.join(EVENT_LOGS)}"
-            )
-        if self.flags is not None:
-            _mask(f"{self.kind} flags", self.flags, {"severity": 0x3, **RECORD_FLAGS})
+    flags: EventFlags | None = Field(
+        None,
+        description=f"event record flags: a number or {_names(RECORD_FLAGS)} (default: the log's severity)",
+    )
 
     def _common(self) -> dict[str, Any]:
         flags = EVENT_LOGS[self.log] if self.flags is None else self.flags
         return {"log": self.log, "flags": flags}
 
 
-@dataclass(frozen=True, kw_only=True)
 class _MediaEvent(_Event):
     """Common part of the general-media and DRAM event records (Tables 8-43, 8-44)."""
 
-    dpa: int
-    descriptor: int = DESCRIPTOR_BITS["uncorrectable"]
-    event_type: int | str = "ecc-error"
-    transaction_type: int | str = "host-read"
-    volatile: bool = True  # the platform's devices are volatile
-    not_repairable: bool = False
-    channel: int | None = None
-    rank: int | None = None
-    _types: ClassVar[Mapping[str, int]] = GENERAL_MEDIA_TYPES
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _cacheline_aligned(f"{self.kind} DPA", self.dpa)
-        _mask(f"{self.kind} descriptor", self.descriptor, DESCRIPTOR_BITS)
-        _name_or_number(f"{self.kind} event type", self.event_type, self._types)
-        _name_or_number(f"{self.kind} transaction type", self.transaction_type, TRANSACTION_TYPES)
-        for name in ("channel", "rank"):
-            value = getattr(self, name)
-            if value is not None:
-                _unsigned(f"{self.kind} {name}", value, 8)
+    _types: ClassVar[Mapping[str, int]]
+    log: Annotated[StrictStr, _known_name("event log", list(EVENT_LOGS))] = Field(
+        "failure", description=f"event log: {_names(EVENT_LOGS)}"
+    )
+    dpa: Dpa = Field(description="device physical address, 64-byte aligned")
+    descriptor: Descriptor = Field(
+        DESCRIPTOR_BITS["uncorrectable"], description=f"a number or {_names(DESCRIPTOR_BITS)}"
+    )
+    transaction_type: TransactionType = Field(
+        "host-read", description=f"{_names(TRANSACTION_TYPES)} or a number"
+    )
+    volatile: StrictBool = Field(
+        True, description="the address's volatile flag (set: the platform's devices are volatile)"
+    )
+    not_repairable: StrictBool = Field(False, description="set the address's not-repairable flag")
+    channel: U8 | None = Field(None, description="channel (8 bits)")
+    rank: U8 | None = Field(None, description="rank (8 bits)")
 
     def check_device(self, device: DeviceView) -> None:
         device.check_range(f"{self.kind} DPA", self.dpa, CACHELINE)
 
-    def _media(self) -> dict[str, Any]:
+    def _media(self, event_type: int | str) -> dict[str, Any]:
         address = self.dpa | (DPA_VOLATILE if self.volatile else 0)
         address |= DPA_NOT_REPAIRABLE if self.not_repairable else 0
         arguments = {
             **self._common(),
             "dpa": address,
             "descriptor": self.descriptor,
-            "type": _name_or_number("event type", self.event_type, self._types),
-            "transaction-type": _name_or_number(
-                "transaction type", self.transaction_type, TRANSACTION_TYPES
-            ),
+            "type": _name_or_number("event type", self._types, event_type),
+            "transaction-type": _name_or_number("transaction type", TRANSACTION_TYPES, self.transaction_type),
         }
         for name in ("channel", "rank"):
             if getattr(self, name) is not None:
@@ -415,30 +484,30 @@ class _MediaEvent(_Event):
         return arguments
 
 
-@dataclass(frozen=True, kw_only=True)
 class GeneralMediaEvent(_MediaEvent):
-    """A General Media Event record (CXL r3.0 8.2.9.2.1.1), signalled by interrupt."""
+    """A general media event record (CXL r3.0 8.2.9.2.1.1), signalled by interrupt
+    (default log: failure)."""
 
     kind: ClassVar[str] = "general-media"
     command: ClassVar[str] = "cxl-inject-general-media-event"
-    log: str = "failure"
-    device_mask: int | None = None  # QMP "device": the devices of the rank (24 bits)
-    component_id: str | None = None
+    _types: ClassVar[Mapping[str, int]] = GENERAL_MEDIA_TYPES
+    event_type: Annotated[NameOrNumber, _checked_name_or_number("event type", GENERAL_MEDIA_TYPES),
+                          Cli(flag="--type")] = Field(
+        "ecc-error", description=f"{_names(GENERAL_MEDIA_TYPES)} or a number"
+    )
+    device_mask: U24 | None = Field(None, description="QMP device: the devices of the rank (24-bit mask)")
+    component_id: StrictStr | None = Field(None, description="1-15 ASCII characters")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.device_mask is not None:
-            _unsigned("general-media device mask", self.device_mask, 24)
-        if self.component_id is not None and (
-            not self.component_id.isascii() or not 0 < len(self.component_id) <= 15
-        ):
-            raise ConfigError(
-                f"general-media component id {self.component_id!r} must be 1-15 ASCII characters "
-                "(QEMU copies at most 15 into the 16-byte field)"
-            )
+    @field_validator("component_id")
+    @classmethod
+    def _component_id(cls, value: str | None) -> str | None:
+        if value is not None and (not value.isascii() or not 0 < len(value) <= 15):
+            raise ValueError(f"{short_repr(value)} must be 1-15 ASCII characters "
+                             "(QEMU copies at most 15 into the 16-byte field)")
+        return value
 
     def arguments(self) -> dict[str, Any]:
-        arguments = self._media()
+        arguments = self._media(self.event_type)
         if self.device_mask is not None:
             arguments["device"] = self.device_mask
         if self.component_id is not None:
@@ -446,95 +515,100 @@ class GeneralMediaEvent(_MediaEvent):
         return arguments
 
 
-@dataclass(frozen=True, kw_only=True)
 class DramEvent(_MediaEvent):
-    """A DRAM Event record (CXL r3.0 8.2.9.2.1.2), signalled by interrupt."""
+    """A DRAM event record (CXL r3.0 8.2.9.2.1.2), signalled by interrupt (default
+    log: failure)."""
 
     kind: ClassVar[str] = "dram"
     command: ClassVar[str] = "cxl-inject-dram-event"
     _types: ClassVar[Mapping[str, int]] = DRAM_TYPES
-    log: str = "failure"
-    nibble_mask: int | None = None
-    bank_group: int | None = None
-    bank: int | None = None
-    row: int | None = None
-    column: int | None = None
-    correction_mask: tuple[int, ...] = field(default=())
+    event_type: Annotated[NameOrNumber, _checked_name_or_number("event type", DRAM_TYPES),
+                          Cli(flag="--type")] = Field(
+        "ecc-error", description=f"{_names(DRAM_TYPES)} or a number"
+    )
+    nibble_mask: U24 | None = Field(None, description="24 bits")
+    bank_group: U8 | None = Field(None, description="8 bits")
+    bank: U8 | None = Field(None, description="8 bits")
+    row: U24 | None = Field(None, description="24 bits")
+    column: U16 | None = Field(None, description="16 bits")
+    correction_mask: tuple[U64, ...] = Field((), description="up to 4 64-bit words")
 
-    # QMP name, record width in bits (Table 8-44)
-    _optional: ClassVar[Mapping[str, tuple[str, int]]] = {
-        "nibble_mask": ("nibble-mask", 24), "bank_group": ("bank-group", 8),
-        "bank": ("bank", 8), "row": ("row", 24), "column": ("column", 16),
-    }
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for name, (_, bits) in self._optional.items():
-            value = getattr(self, name)
-            if value is not None:
-                _unsigned(f"dram {name.replace('_', '-')}", value, bits)
-        if len(self.correction_mask) > 4:
-            raise ConfigError(
-                f"dram correction mask has {len(self.correction_mask)} words; the record holds at most 4"
-            )
-        for word in self.correction_mask:
-            _unsigned("dram correction mask word", word, 64)
+    @field_validator("correction_mask")
+    @classmethod
+    def _correction_mask(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if len(value) > 4:
+            raise ValueError(f"{len(value)} words; the record holds at most 4")
+        return value
 
     def arguments(self) -> dict[str, Any]:
-        arguments = self._media()
-        for name, (qmp_name, _) in self._optional.items():
+        arguments = self._media(self.event_type)
+        for name in ("nibble_mask", "bank_group", "bank", "row", "column"):
             if getattr(self, name) is not None:
-                arguments[qmp_name] = getattr(self, name)
+                arguments[name.replace("_", "-")] = getattr(self, name)
         if self.correction_mask:
             arguments["correction-mask"] = list(self.correction_mask)
         return arguments
 
 
-@dataclass(frozen=True, kw_only=True)
 class MemoryModuleEvent(_Event):
-    """A Memory Module Event record (CXL r3.0 8.2.9.2.1.3): a device health snapshot."""
+    """A memory module event record (CXL r3.0 8.2.9.2.1.3): a device health snapshot
+    (default log: informational)."""
 
     kind: ClassVar[str] = "memory-module"
     command: ClassVar[str] = "cxl-inject-memory-module-event"
-    event_type: int | str = "health-status-change"
-    health_status: int = 0
-    media_status: int | str = "normal"
-    additional_status: int = 0
-    life_used: int = 0
-    temperature: int = 25
-    dirty_shutdown_count: int = 0
-    corrected_volatile_error_count: int = 0
-    corrected_persistent_error_count: int = 0
+    event_type: Annotated[NameOrNumber, _checked_name_or_number("event type", MEMORY_MODULE_TYPES),
+                          Cli(flag="--type")] = Field(
+        "health-status-change", description=f"{_names(MEMORY_MODULE_TYPES)} or a number"
+    )
+    health_status: HealthStatus = Field(0, description=f"a number or {_names(HEALTH_STATUS_BITS)}")
+    media_status: Annotated[NameOrNumber, _checked_name_or_number("media status", MEDIA_STATUS)] = Field(
+        "normal", description=f"{_names(MEDIA_STATUS)} or a number"
+    )
+    additional_status: U6 = Field(
+        0, description="bits [1:0] life used, [3:2] temperature (0 normal 1 warning 2 critical), "
+        "4 volatile / 5 persistent corrected-error-count warning"
+    )
+    life_used: StrictInt = Field(0, description="percent 0..100")
+    temperature: StrictInt = Field(25, description="degrees C")
+    dirty_shutdown_count: U32 = Field(0, description="dirty shutdowns (32 bits)")
+    corrected_volatile_error_count: Annotated[U32, Cli(flag="--corrected-volatile-errors")] = Field(
+        0, description="corrected volatile errors (32 bits)"
+    )
+    corrected_persistent_error_count: Annotated[U32, Cli(flag="--corrected-persistent-errors")] = Field(
+        0, description="corrected persistent errors (32 bits)"
+    )
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _name_or_number("memory-module event type", self.event_type, MEMORY_MODULE_TYPES)
-        _mask("memory-module health status", self.health_status, HEALTH_STATUS_BITS)
-        _name_or_number("memory-module media status", self.media_status, MEDIA_STATUS)
-        status = _unsigned("memory-module additional status", self.additional_status, 6)
+    @field_validator("additional_status")
+    @classmethod
+    def _additional_status(cls, status: int) -> int:
         # bits [1:0] life used, [3:2] temperature: 0 normal, 1 warning, 2 critical, 3 reserved
         if status & 0x3 == 0x3 or (status >> 2) & 0x3 == 0x3:
-            raise ConfigError(
-                f"memory-module additional status {status:#x} uses the reserved value 3 in "
-                "bits [1:0] (life used) or [3:2] (temperature); use 0 normal, 1 warning, 2 critical"
+            raise ValueError(
+                f"{status:#x} uses the reserved value 3 in bits [1:0] (life used) or [3:2] "
+                "(temperature); use 0 normal, 1 warning, 2 critical"
             )
-        if not isinstance(self.life_used, int) or not 0 <= self.life_used <= 100:
-            raise ConfigError(f"memory-module life used {self.life_used!r} must be a percentage 0..100")
-        if not isinstance(self.temperature, int) or not -(1 << 15) <= self.temperature < 1 << 15:
-            raise ConfigError(
-                f"memory-module temperature {self.temperature!r} must fit 16 bits signed (degrees C)"
-            )
-        for name in (
-            "dirty_shutdown_count", "corrected_volatile_error_count", "corrected_persistent_error_count"
-        ):
-            _unsigned(f"memory-module {name.replace('_', '-')}", getattr(self, name), 32)
+        return status
+
+    @field_validator("life_used")
+    @classmethod
+    def _life_used(cls, value: int) -> int:
+        if not 0 <= value <= 100:
+            raise ValueError(f"{value!r} must be a percentage 0..100")
+        return value
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, value: int) -> int:
+        if not -(1 << 15) <= value < 1 << 15:
+            raise ValueError(f"{value!r} must fit 16 bits signed (degrees C)")
+        return value
 
     def arguments(self) -> dict[str, Any]:
         return {
             **self._common(),
-            "type": _name_or_number("event type", self.event_type, MEMORY_MODULE_TYPES),
+            "type": _name_or_number("event type", MEMORY_MODULE_TYPES, self.event_type),
             "health-status": self.health_status,
-            "media-status": _name_or_number("media status", self.media_status, MEDIA_STATUS),
+            "media-status": _name_or_number("media status", MEDIA_STATUS, self.media_status),
             "additional-status": self.additional_status,
             "life-used": self.life_used,
             "temperature": self.temperature,
@@ -544,15 +618,64 @@ class MemoryModuleEvent(_Event):
         }
 
 
-@dataclass(frozen=True)
-class DcExtent:
-    """``length`` bytes of a DC region from ``offset`` (bytes from the region's start)."""
+def _dc_block_multiple(value: int) -> int:
+    if value < 0:
+        raise ValueError(f"{value!r} must be a non-negative byte count")
+    if value % DC_BLOCK_BYTES:
+        down = value - value % DC_BLOCK_BYTES
+        raise ValueError(
+            f"{value:#x} is not a multiple of the DC block size {format_size(DC_BLOCK_BYTES)} (QEMU's); "
+            f"use {down:#x} or {down + DC_BLOCK_BYTES:#x}"
+        )
+    return value
 
-    offset: int
-    length: int
+
+class DcExtent(ConfigModel):
+    """``length`` bytes of a DC region from ``offset`` (bytes from the region's start),
+    both multiples of QEMU's 2 MiB DC block."""
+
+    label: ClassVar[str] = "DC extent"
+    offset: Annotated[StrictInt, AfterValidator(_dc_block_multiple)]
+    length: Annotated[StrictInt, AfterValidator(_dc_block_multiple)]
+
+    @field_validator("length")
+    @classmethod
+    def _not_empty(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError(f"the extent has length 0; give a multiple of {format_size(DC_BLOCK_BYTES)}")
+        return value
 
 
-@dataclass(frozen=True, kw_only=True)
+def _as_extent(value: object) -> object:
+    """Extents may come as (offset, length) pairs too (Python, a scenario's YAML)."""
+    if isinstance(value, DcExtent | Mapping):
+        return value
+    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
+        return {"offset": value[0], "length": value[1]}
+    raise ValueError(f"extent {short_repr(value)} is not an offset and a length, e.g. "
+                     "DcExtent(offset=0, length=2 << 20) or {offset: 0, length: 2097152}")
+
+
+def extent_option(text: str) -> dict[str, int]:
+    """``OFFSET:LENGTH`` on the command line, each a number or a size (``0:2MiB``)."""
+    offset, colon, length = text.partition(":")
+    if not colon:
+        raise argparse.ArgumentTypeError(f"{text!r} is not OFFSET:LENGTH, e.g. 0:2MiB or 0x400000:0x200000")
+    return {"offset": _byte_count(offset), "length": _byte_count(length)}
+
+
+def _byte_count(text: str) -> int:
+    """A number (``0x400000``) or a size with a binary unit (``4MiB``); 0 allowed."""
+    with contextlib.suppress(ValueError):
+        return int(text, 0)
+    try:
+        return parse_size(text, "", minimum_bytes=0)
+    except ConfigError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a byte count (a number, hex as 0x..., or with KiB/MiB/GiB, e.g. 2MiB)"
+        ) from None
+
+
 class _DynamicCapacity(Injection):
     """Common part of dc-add and dc-release: extents of one DC region of a DCD,
     prescriptive (the extents given, the only policy QEMU 10.0 implements), for
@@ -560,47 +683,31 @@ class _DynamicCapacity(Injection):
 
     needs_dc_layout: ClassVar[bool] = True
     policy_argument: ClassVar[str]
-    region: int = 0
-    extents: tuple[DcExtent, ...]
+    region: StrictInt = Field(0, description="DC region index")
+    extents: Annotated[
+        tuple[Annotated[DcExtent, BeforeValidator(_as_extent)], ...],
+        Cli(flag="--extent", metavar="OFFSET:LENGTH", parse=extent_option, repeat=True),
+    ] = Field(description="bytes from the region's start and length, multiples of 2MiB (QEMU's DC block), "
+              "e.g. 0:2MiB or 0x400000:0x200000; repeatable")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        # Extents may come as (offset, length) pairs or {offset, length} (a scenario's YAML).
-        object.__setattr__(self, "extents", tuple(_as_extent(self.kind, e) for e in self.extents))
-        if not isinstance(self.region, int) or isinstance(self.region, bool) or not (
-            0 <= self.region < DC_MAX_REGIONS
-        ):
-            raise ConfigError(
-                f"{self.kind} region {self.region!r} must be a DC region index 0..{DC_MAX_REGIONS - 1}"
-            )
-        if not 0 < len(self.extents) <= DC_MAX_EXTENTS:
-            raise ConfigError(
-                f"{self.kind} needs 1..{DC_MAX_EXTENTS} extents, got {len(self.extents)}; "
-                "e.g. --extent 0:2MiB"
-            )
-        block = format_size(DC_BLOCK_BYTES)
-        for extent in self.extents:
-            for what, value in (("offset", extent.offset), ("length", extent.length)):
-                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                    raise ConfigError(
-                        f"{self.kind} extent {what} {value!r} must be a non-negative byte count"
-                    )
-                if value % DC_BLOCK_BYTES:
-                    down = value - value % DC_BLOCK_BYTES
-                    raise ConfigError(
-                        f"{self.kind} extent {what} {value:#x} is not a multiple of the DC block size "
-                        f"{block} (QEMU's); use {down:#x} or {down + DC_BLOCK_BYTES:#x}"
-                    )
-            if extent.length == 0:
-                raise ConfigError(f"{self.kind} extent at offset {extent.offset:#x} has length 0; "
-                                  f"give a multiple of {block}")
-        ordered = sorted(self.extents, key=lambda e: e.offset)
+    @field_validator("region")
+    @classmethod
+    def _region(cls, value: int) -> int:
+        if not 0 <= value < DC_MAX_REGIONS:
+            raise ValueError(f"{value!r} must be a DC region index 0..{DC_MAX_REGIONS - 1}")
+        return value
+
+    @field_validator("extents")
+    @classmethod
+    def _extents(cls, extents: tuple[DcExtent, ...]) -> tuple[DcExtent, ...]:
+        if not 0 < len(extents) <= DC_MAX_EXTENTS:
+            raise ValueError(f"needs 1..{DC_MAX_EXTENTS} extents, got {len(extents)}; e.g. --extent 0:2MiB")
+        ordered = sorted(extents, key=lambda e: e.offset)
         for first, second in itertools.pairwise(ordered):
             if first.offset + first.length > second.offset:
-                raise ConfigError(
-                    f"{self.kind} extents {_extent_text(first)} and {_extent_text(second)} overlap; "
-                    "give each block of the region once"
-                )
+                raise ValueError(f"extents {_extent_text(first)} and {_extent_text(second)} overlap; "
+                                 "give each block of the region once")
+        return extents
 
     def check_device(self, device: DeviceView) -> None:
         layout = device.dynamic_capacity
@@ -636,19 +743,6 @@ class _DynamicCapacity(Injection):
         }
 
 
-def _as_extent(kind: str, value: object) -> DcExtent:
-    if isinstance(value, DcExtent):
-        return value
-    if isinstance(value, Mapping) and set(value) == {"offset", "length"}:
-        return DcExtent(offset=value["offset"], length=value["length"])
-    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
-        return DcExtent(offset=value[0], length=value[1])
-    raise ConfigError(
-        f"{kind} extent {value!r} is not an offset and a length, e.g. DcExtent(offset=0, length=2 << 20) "
-        "or {offset: 0, length: 2097152}"
-    )
-
-
 def _index_range(count: int) -> str:
     return "0" if count == 1 else f"0..{count - 1}"
 
@@ -657,7 +751,6 @@ def _extent_text(extent: DcExtent) -> str:
     return f"{extent.offset:#x}+{extent.length:#x}"
 
 
-@dataclass(frozen=True, kw_only=True)
 class DcAdd(_DynamicCapacity):
     """Offer extents of a DC region to the host (one Dynamic Capacity event record
     per extent, type Add Capacity). They stay pending in QEMU until the host accepts them."""
@@ -668,7 +761,6 @@ class DcAdd(_DynamicCapacity):
     refusal_hints: ClassVar[Mapping[str, str]] = {"pending": DC_PENDING_HINT}
 
 
-@dataclass(frozen=True, kw_only=True)
 class DcRelease(_DynamicCapacity):
     """Ask the host to give extents of a DC region back (a Dynamic Capacity Release
     event). QEMU accepts it only for extents the host accepted before."""
@@ -863,9 +955,8 @@ def read_dc_layout(target: Platform | RunningInstance, device: DeviceView) -> Dc
     return DcLayout(regions=regions, region_bytes=size_bytes // regions, base_dpa=device.size_bytes)
 
 
-@dataclass(frozen=True)
-class FirmwareKill:
-    """A process fault: SIGKILL the firmware attached to the instance. The run using it
+class FirmwareKill(ConfigModel):
+    """Process fault: SIGKILL the firmware attached to the instance. The run using it
     stops at once with an error naming the cause (docs/live.md); nothing is left running."""
 
     kind: ClassVar[str] = "firmware-kill"

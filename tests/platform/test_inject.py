@@ -11,6 +11,7 @@ the device's region (link reset): each gets a guest of its own, last in the modu
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -24,10 +25,12 @@ from typing import Any
 
 import pytest
 
-from cxlssd.cli import main
+from cxlssd.cli import build_parser, main
 from cxlssd.errors import ConfigError
 from cxlssd.experiments.observe import enable_cxl_tracing, trace_fields, trace_lines, wait_for_trace
+from cxlssd.firmware.knobs import DieFault, FlushThrottle, GcStorm
 from cxlssd.lifecycle import ProcessId
+from cxlssd.models import options_of, reference_table
 from cxlssd.paths import runtime_root
 from cxlssd.platform.config import CONFIG_DIR, load_config
 from cxlssd.platform.inject import (
@@ -38,6 +41,7 @@ from cxlssd.platform.inject import (
     DcRelease,
     DeviceView,
     DramEvent,
+    FirmwareKill,
     GeneralMediaEvent,
     Injection,
     MemoryModuleEvent,
@@ -51,6 +55,7 @@ from cxlssd.platform.inject import (
     running_instances,
     unmask_corrected_internal_errors,
 )
+from cxlssd.platform.inject_commands import COMMANDS, build_injection, register
 from cxlssd.platform.machine import Platform
 from cxlssd.platform.qemu import check_qemu
 
@@ -115,14 +120,15 @@ def run_cli(*argv: str) -> int:
         (lambda: DcAdd(extents=()), "needs 1..512 extents"),
         (lambda: DcAdd(extents=_extents(*[(2 * i, 2) for i in range(513)])), "needs 1..512 extents"),
         (lambda: DcAdd(extents=(DcExtent(offset=0x1000, length=2 * MiB),)),
-         r"offset 0x1000 is not a multiple of the DC block size 2MiB.*use 0x0 or 0x200000"),
-        (lambda: DcAdd(extents=_extents((0, 3))), r"length 0x300000 is not a multiple"),
+         r"DC extent offset: 0x1000 is not a multiple of the DC block size 2MiB.*use 0x0 or 0x200000"),
+        (lambda: DcAdd(extents=_extents((0, 3))), r"length: 0x300000 is not a multiple"),
         (lambda: DcRelease(extents=_extents((2, 0))), "has length 0"),
         (lambda: DcAdd(extents=(DcExtent(offset=-2 * MiB, length=2 * MiB),)), "non-negative"),
         (lambda: DcAdd(extents=_extents((0, 4), (2, 2))), r"0x0\+0x400000 and 0x200000\+0x200000 overlap"),
-        (lambda: DcAdd(region=8, extents=_extents((0, 2))), "region 8 must be a DC region index 0..7"),
+        (lambda: DcAdd(region=8, extents=_extents((0, 2))), "dc-add region: 8 must be a DC region index"),
         (lambda: DcAdd(extents=(0x200000,)), "extent 2097152 is not an offset and a length"),
-        (lambda: DcRelease(extents=({"offset": 0, "len": 2 * MiB},)), "is not an offset and a length"),
+        (lambda: DcRelease(extents=({"offset": 0, "len": 2 * MiB},)),
+         r"dc-release extents\[0\]: unknown key 'len'; did you mean 'length'"),
     ],
 )
 def test_malformed_injections_are_rejected_when_built(build: Callable[[], object], message: str) -> None:
@@ -231,7 +237,7 @@ def fake_instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[s
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        (["poison", "--dpa", "0x1001"], "not 64-byte aligned"),
+        (["poison", "--dpa", "0x1001"], r"poison --dpa: 0x1001 is not 64-byte aligned .*0x1000 or 0x1040"),
         (["poison", "--dpa", "0x40000000"], "outside device 0"),
         (["poison", "--dpa", "0x1000", "--length", "96"], "multiple of 64"),
         (["poison", "--dpa", "0x1000", "--device", "1"], "device 1 does not exist"),
@@ -240,9 +246,13 @@ def fake_instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[s
         (["general-media", "--dpa", "0x2000", "--log", "loud"], "event log 'loud' is unknown"),
         (["dram", "--dpa", "0x2000", "--type", "9"], "event type 9 is not a known value"),
         (["memory-module", "--life-used", "150"], "percentage"),
-        (["dc-add", "--extent", "0:3MiB"], "length 0x300000 is not a multiple of the DC block size"),
-        (["dc-release", "--region", "9", "--extent", "0:2MiB"], "region 9 must be a DC region index"),
-        (["dc-add", "--extent", "0:2MiB", "--extent", "0x100000:0x200000"], "offset 0x100000"),
+        (["dc-add", "--extent", "0:3MiB"], r"--extent\[0\]\.length: 0x300000 is not a multiple of the DC"),
+        (["dc-release", "--region", "9", "--extent", "0:2MiB"], "dc-release --region: 9 must be a DC region"),
+        (["dc-add", "--extent", "0:2MiB", "--extent", "0x100000:0x200000"],
+         r"dc-add --extent\[1\]\.offset: 0x100000 is not"),
+        (["general-media", "--dpa", "0", "--flags", "permanant"],
+         r"general-media --flags: 'permanant' is not one"),
+        (["memory-module", "--temperature", "40000"], "memory-module --temperature: 40000 must fit 16 bits"),
     ],
 )
 def test_cli_rejects_malformed_injections(
@@ -279,6 +289,79 @@ def test_cli_rejects_a_malformed_number(capsys: pytest.CaptureFixture[str]) -> N
     assert "'2MiB' is not OFFSET:LENGTH" in capsys.readouterr().err
     assert run_cli("inject", "--instance", "x", "dc-add", "--extent", "0:2MB") == 2
     assert "'2MB' is not a byte count" in capsys.readouterr().err
+
+
+def _kind_parsers() -> dict[str, argparse.ArgumentParser]:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    (inject_action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    (kinds,) = [a for a in inject_action.choices["inject"]._actions
+                if isinstance(a, argparse._SubParsersAction)]
+    return dict(kinds.choices)
+
+
+def test_every_field_of_every_kind_is_an_option() -> None:
+    """The options are generated from the models: none is left out (a tuple of models
+    given by its key contributes the key's option and its other fields')."""
+    parsers = _kind_parsers()
+    assert set(parsers) == set(COMMANDS)
+    for kind, model in COMMANDS.items():
+        options = {o for action in parsers[kind]._actions for o in action.option_strings}
+        for name, info in model.model_fields.items():
+            assert options_of(name, info) and set(options_of(name, info)) <= options, (kind, name)
+    assert options_of("errors", Uncorrectable.model_fields["errors"]) == ["--type", "--header"]
+    assert options_of("mode", DieFault.model_fields["mode"]) == ["--fail", "--restore"]
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (["poison", "--dpa", "0x1000", "--length", "128", "--device", "0"], Poison(dpa=0x1000, length=128)),
+        (["uncorrectable", "--type", "internal", "--header", "1,2"],
+         Uncorrectable(errors=(UncorrectableError(error_type="internal", header=(1, 2)),))),
+        (["general-media", "--dpa", "0x2000", "--type", "data-path-error", "--log", "warning", "--flags",
+          "permanent", "--descriptor", "threshold", "--transaction-type", "2", "--no-volatile",
+          "--not-repairable", "--channel", "1", "--rank", "2", "--device-mask", "5", "--component-id", "d0"],
+         GeneralMediaEvent(dpa=0x2000, event_type="data-path-error", log="warning", flags=4, descriptor=2,
+                           transaction_type="2", volatile=False, not_repairable=True, channel=1, rank=2,
+                           device_mask=5, component_id="d0")),
+        (["dram", "--dpa", "0x40", "--nibble-mask", "1", "--bank-group", "2", "--bank", "3", "--row", "4",
+          "--column", "5", "--correction-mask", "6,7"],
+         DramEvent(dpa=0x40, nibble_mask=1, bank_group=2, bank=3, row=4, column=5, correction_mask=(6, 7))),
+        (["memory-module", "--type", "temperature-change", "--health-status", "maintenance-needed",
+          "--media-status", "not-ready", "--additional-status", "4", "--life-used", "5",
+          "--temperature", "-3", "--dirty-shutdown-count", "1", "--corrected-volatile-errors", "2",
+          "--corrected-persistent-errors", "3"],
+         MemoryModuleEvent(event_type="temperature-change", health_status=1, media_status="not-ready",
+                           additional_status=4, life_used=5, temperature=-3, dirty_shutdown_count=1,
+                           corrected_volatile_error_count=2, corrected_persistent_error_count=3)),
+        (["dc-release", "--region", "1", "--extent", "2MiB:0x200000"],
+         DcRelease(region=1, extents=_extents((2, 2)))),
+        (["die-fault", "--channel", "2", "--slow", "3.5"], DieFault(channel=2, factor=3.5)),
+        (["die-fault", "--die", "1", "--restore"], DieFault(die=1, mode="restore")),
+        (["flush-throttle", "--off"], FlushThrottle(program_interval_ns=0)),
+        (["gc-storm", "--blocks", "2", "--dies", "3,1"], GcStorm(blocks=2, dies=(1, 3))),
+        (["firmware-kill"], FirmwareKill()),
+    ],
+)
+def test_the_generated_options_build_the_same_model_as_python(options: list[str], expected: object) -> None:
+    args = build_parser().parse_args(["inject", "--instance", "x", *options])
+    assert build_injection(args) == expected
+
+
+INJECT_DOC = Path(__file__).resolve().parents[2] / "docs" / "inject.md"
+_GENERATED = ("<!-- generated from the models: inject fields -->\n", "<!-- end of generated fields -->")
+
+
+def test_the_docs_field_reference_is_generated_from_the_models() -> None:
+    text = INJECT_DOC.read_text()
+    before, rest = text.split(_GENERATED[0])
+    current, after = rest.split(_GENERATED[1])
+    expected = reference_table(COMMANDS)
+    if current != expected and os.environ.get("CXLSSD_UPDATE_DOCS"):
+        INJECT_DOC.write_text(before + _GENERATED[0] + expected + _GENERATED[1] + after)
+        current = expected
+    assert current == expected, "docs/inject.md's field reference is stale: rerun with CXLSSD_UPDATE_DOCS=1"
 
 
 # -- a real QEMU, paused (no guest): every kind is accepted, QEMU's refusals surface ----

@@ -1,0 +1,383 @@
+"""Typed configuration: the base of the configuration models (pydantic v2), the one
+place where pydantic's :class:`~pydantic.ValidationError` becomes the project's error,
+and the command-line options generated from a model's fields.
+
+A model's fields say everything about a setting once: its type, range and domain
+checks (validators raising :class:`ValueError` with the value and the fix), its
+description. Readers of YAML validate through :meth:`ConfigModel.parse` (naming the
+file and key path), Python callers construct the model (``Poison(dpa=0x1000)``) and
+the CLI is built from the fields by :func:`add_options` / :func:`options_input`.
+Either way a problem is one line, a :class:`~cxlssd.errors.CxlssdError` (the model's
+:attr:`~ConfigModel.error_class`), never pydantic's multi-line report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextvars
+import re
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic.fields import FieldInfo
+
+from cxlssd.errors import ConfigError, CxlssdError
+from cxlssd.validation import close_match
+from cxlssd.yamlfile import short_repr
+
+# How deep model construction is nested: only the outermost construction turns a
+# ValidationError into the project's error, so a nested model's problem keeps its
+# full key path (pydantic merges a nested ValidationError into the outer one).
+_DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("cxlssd_model_depth", default=0)
+# Where the input being parsed comes from, and how its keys are spelt there (a file and
+# key path; the CLI's options), for the message of the outermost model.
+_SOURCE: contextvars.ContextVar[tuple[str, Callable[[str], str] | None]] = contextvars.ContextVar(
+    "cxlssd_model_source", default=("", None)
+)
+
+
+class ConfigModel(BaseModel):
+    """Base of the configuration models: unknown keys are errors (with the closest
+    known key), instances are immutable, and a validation problem raises
+    :attr:`error_class` with a one-line message."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    #: the project's error a problem raises (firmware knobs: InputError)
+    error_class: ClassVar[type[CxlssdError]] = ConfigError
+    #: what messages call an instance when no file or key path is given (default: its
+    #: ``kind``, e.g. "poison", if it has one)
+    label: ClassVar[str] = ""
+
+    def __init__(self, /, **data: Any) -> None:
+        depth = _DEPTH.set(_DEPTH.get() + 1)
+        try:
+            super().__init__(**data)
+        except ValidationError as error:
+            if _DEPTH.get() > 1:
+                raise  # pydantic adds it, with its key path, to the outer model's error
+            where, spell = _SOURCE.get()
+            raise self.error_class(validation_message(error, type(self), where, spell)) from None
+        finally:
+            _DEPTH.reset(depth)
+
+    @classmethod
+    def parse(cls, raw: object, where: str = "", spell: Callable[[str], str] | None = None) -> Self:
+        """``raw`` (a YAML mapping) validated; a problem is :attr:`error_class` naming
+        ``where`` (file and key path) and the key path inside ``raw``."""
+        if not isinstance(raw, Mapping):
+            raise cls.error_class(f"{where or cls.label}: expected a mapping of keys "
+                                  f"({', '.join(cls.model_fields)}), got {short_repr(raw)}")
+        source = _SOURCE.set((where, spell))
+        try:
+            return cls.model_validate(dict(raw))  # through __init__, which raises error_class
+        finally:
+            _SOURCE.reset(source)
+
+
+# -- messages -------------------------------------------------------------------------
+
+
+def _field_model(annotation: object) -> type[BaseModel] | None:
+    """The model a field holds (itself, in a tuple, or optional), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in typing.get_args(annotation):
+        found = _field_model(argument)
+        if found is not None:
+            return found
+    return None
+
+
+def _model_at(model: type[BaseModel], loc: Sequence[int | str]) -> type[BaseModel] | None:
+    """The model that holds the keys at ``loc`` (list indexes skipped)."""
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        info = model.model_fields.get(part)
+        found = _field_model(info.annotation) if info is not None else None
+        if found is None:
+            return None
+        model = found
+    return model
+
+
+def key_path(loc: Sequence[int | str], spell: Callable[[str], str] | None = None) -> str:
+    """``extents[1].offset`` from pydantic's ``("extents", 1, "offset")``; ``spell``
+    renames the first key (a CLI option for a field)."""
+    text = ""
+    for n, part in enumerate(loc):
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            name = spell(part) if spell is not None and n == 0 else part
+            text += f".{name}" if text else name
+    return text
+
+
+def _problem(error: Mapping[str, Any], model: type[BaseModel], subject: str) -> str:
+    """What is wrong and the fix, for one of pydantic's error entries."""
+    kind, loc, given = error["type"], error["loc"], error.get("input")
+    if kind == "extra_forbidden":
+        holder = _model_at(model, loc[:-1])
+        allowed = sorted(holder.model_fields) if holder is not None else []
+        close = close_match(str(loc[-1]), allowed)
+        fix = f"did you mean {close!r}?" if close else f"allowed keys: {', '.join(allowed)}"
+        return f"unknown key {short_repr(str(loc[-1]))}; {fix}"
+    if kind == "missing":
+        return f"{subject} needs {key_path(loc)}".strip()
+    if kind in ("value_error", "assertion_error"):
+        return str(error["ctx"]["error"])  # the validator's own words: value and fix
+    if kind == "literal_error":
+        choices = re.findall(r"'([^']*)'", error["ctx"]["expected"])
+        close = close_match(str(given), choices) if isinstance(given, str) else None
+        fix = f" (did you mean {close!r}?)" if close else ""
+        return f"expected one of {', '.join(choices)}, got {short_repr(given)}{fix}"
+    expected = str(error["msg"]).removeprefix("Input should be ")
+    return f"expected {expected}, got {short_repr(given)}"
+
+
+def validation_message(
+    error: ValidationError, model: type[BaseModel], where: str = "",
+    spell: Callable[[str], str] | None = None,
+) -> str:
+    """One line for ``error`` (the first problem; an unknown key first, since it often
+    explains a missing one): ``where`` (or the model's label), the key path, the bad
+    value and the fix."""
+    problems = sorted(error.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    first = problems[0]
+    label = str(getattr(model, "label", "") or getattr(model, "kind", "")) or model.__name__
+    loc = first["loc"]
+    if first["type"] == "missing":
+        return f"{where}: {_problem(first, model, label)}" if where else _problem(first, model, label)
+    path = key_path(loc[:-1] if first["type"] == "extra_forbidden" else loc, spell)
+    place = f"{where}.{path}" if where and path else where or f"{label} {path}".strip()
+    more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+    return f"{place}: {_problem(first, model, label)}{more}"
+
+
+# -- command-line options generated from the fields -----------------------------------
+
+
+@dataclass(frozen=True)
+class Cli:
+    """How a field appears on the command line where its default (``--field-name``,
+    parsed by the field's type, help from its description) does not fit. Put it in
+    the field's ``Annotated`` metadata."""
+
+    flag: str | None = None  # the option instead of --field-name; "" for none (presets only)
+    metavar: str | None = None
+    parse: Callable[[str], object] | None = None  # instead of the type's parser (str: the model parses)
+    repeat: bool = False  # may be given several times; the field gets the list
+    # Flags that set a fixed value: (("--off", 0),). Pairs, not a dict: the metadata of
+    # an optional field is hashed.
+    presets: tuple[tuple[str, object], ...] = ()
+    # A tuple of models given by one of their fields (repeatable); the item model's
+    # other fields are options that apply to every item.
+    item_key: str | None = None
+
+
+def _annotated_cli(annotation: object) -> Iterator[Cli]:
+    """The Cli metadata inside an annotation (``Annotated[float, Cli(...)] | None``)."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        base, *metadata = typing.get_args(annotation)
+        yield from (m for m in metadata if isinstance(m, Cli))
+        yield from _annotated_cli(base)
+    elif typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        for member in typing.get_args(annotation):
+            yield from _annotated_cli(member)
+
+
+def _cli(info: FieldInfo) -> Cli:
+    found = [m for m in info.metadata if isinstance(m, Cli)]
+    return next(iter([*found, *_annotated_cli(info.annotation)]), Cli())
+
+
+def flag_of(name: str, info: FieldInfo) -> str:
+    """The option of field ``name`` (its own, else its first preset)."""
+    cli = _cli(info)
+    if cli.flag:
+        return cli.flag
+    if cli.flag == "" and cli.presets:
+        return cli.presets[0][0]
+    switch_off = _base_type(info.annotation) is bool and info.default is True
+    return ("--no-" if switch_off else "--") + name.replace("_", "-")
+
+
+def options_of(name: str, info: FieldInfo) -> list[str]:
+    """Every option that sets field ``name``: its own, its presets, and for a tuple of
+    models given by a key, the options of the item's other fields."""
+    cli = _cli(info)
+    options = [flag_of(name, info)] if cli.flag != "" else []
+    options += [preset for preset, _ in cli.presets]
+    item = _field_model(info.annotation) if cli.item_key is not None else None
+    if item is not None:
+        options += [flag_of(sub, sub_info) for sub, sub_info in _fields(item) if sub != cli.item_key]
+    return options
+
+
+def number(text: str) -> int:
+    """An integer from the command line: decimal, or hex as ``0x...``."""
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (decimal, or hex as 0x...)") from None
+
+
+def numbers(text: str) -> tuple[int, ...]:
+    """Comma-separated integers: ``1,0x2,3``."""
+    return tuple(number(part) for part in text.split(",") if part)
+
+
+def _decimal(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+def _base_type(annotation: object) -> object:
+    """``int`` of ``StrictInt``, ``int | None``, ``Annotated[int, ...]``."""
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if any(_base_type(m) is str for m in members):
+            return str  # a name or a number: the model tells which
+        return _base_type(members[0]) if len(members) == 1 else annotation
+    return annotation
+
+
+def _option(name: str, info: FieldInfo) -> tuple[dict[str, Any], Sequence[str]]:
+    """argparse keywords for field ``name`` and the choices of a Literal."""
+    cli = _cli(info)
+    base = _base_type(info.annotation)
+    keywords: dict[str, Any] = {"dest": name, "default": None}
+    choices: Sequence[str] = ()
+    if base is bool:
+        # A switch that flips the default (--not-repairable, --no-volatile)
+        keywords["action"] = "store_false" if info.default is True else "store_true"
+        return keywords, choices
+    if typing.get_origin(base) is Literal:
+        choices = [str(c) for c in typing.get_args(base)]
+        keywords["choices"] = choices
+    elif cli.parse is not None:
+        keywords["type"] = cli.parse
+    elif base is int:
+        keywords["type"] = number
+    elif base is float:
+        keywords["type"] = _decimal
+    elif typing.get_origin(base) is tuple:
+        keywords["type"], keywords["metavar"] = numbers, "N,N,..."
+    if cli.metavar:
+        keywords["metavar"] = cli.metavar
+    if cli.repeat:
+        keywords["action"] = "append"
+    return keywords, choices
+
+
+def _help(info: FieldInfo) -> str:
+    text = info.description or ""
+    default = info.get_default()
+    if not info.is_required() and not (default is None or isinstance(default, bool) or default == ()):
+        text += f" (default {default:#x})" if isinstance(default, int) and default >= 4096 else (
+            f" (default {default})")
+    return text.replace("%", "%%")
+
+
+def _fields(model: type[BaseModel]) -> Iterator[tuple[str, FieldInfo]]:
+    return iter(model.model_fields.items())
+
+
+def add_options(parser: argparse.ArgumentParser, model: type[ConfigModel]) -> None:
+    """One option per field of ``model`` (see :class:`Cli`); the fields of each group of
+    ``model.cli_one_of`` become a required choice of exactly one of their options."""
+    groups: dict[str, Any] = {}
+    for names in getattr(model, "cli_one_of", ()):
+        group = parser.add_mutually_exclusive_group(required=True)
+        groups.update(dict.fromkeys(names, group))
+    for name, info in _fields(model):
+        target = groups.get(name, parser)
+        cli = _cli(info)
+        required = info.is_required() and name not in groups
+        if cli.item_key is not None:
+            item = _field_model(info.annotation)
+            assert item is not None, f"{model.__name__}.{name}: item_key needs a tuple of models"
+            key_info = item.model_fields[cli.item_key]
+            keywords, _ = _option(cli.item_key, key_info)
+            keywords.update(dest=name, action="append", metavar=cli.metavar or keywords.get("metavar"))
+            target.add_argument(flag_of(name, info), required=required, help=_help(key_info) + "; repeatable",
+                                **keywords)
+            for sub, sub_info in _fields(item):
+                if sub != cli.item_key:
+                    keywords, _ = _option(sub, sub_info)
+                    parser.add_argument(flag_of(sub, sub_info), **{**keywords, "dest": f"{name}.{sub}"},
+                                        help=_help(sub_info) + f" (each {flag_of(name, info)})")
+            continue
+        if cli.flag != "":
+            keywords, _ = _option(name, info)
+            target.add_argument(flag_of(name, info), required=required, help=_help(info), **keywords)
+        for preset, value in cli.presets:
+            target.add_argument(preset, dest=name, action="store_const", const=value,
+                                help=f"set {name} to {value!r}")
+
+
+def options_input(args: argparse.Namespace, model: type[ConfigModel]) -> dict[str, Any]:
+    """The model's input from the parsed options: those given (the model's defaults
+    apply to the others)."""
+    given: dict[str, Any] = {}
+    for name, info in _fields(model):
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        item_key = _cli(info).item_key
+        if item_key is not None:
+            shared = {key.split(".", 1)[1]: v for key, v in vars(args).items()
+                      if key.startswith(f"{name}.") and v is not None}
+            value = [{item_key: v, **shared} for v in value]
+        given[name] = value
+    return given
+
+
+def cli_spelling(model: type[BaseModel]) -> Callable[[str], str]:
+    """Field name -> its option, for messages about a command line."""
+    return lambda name: flag_of(name, model.model_fields[name]) if name in model.model_fields else name
+
+
+# -- reference documentation generated from the fields --------------------------------
+
+
+def _type_name(annotation: object) -> str:
+    """How a reader writes a value of ``annotation``: ``integer``, ``list of integer``."""
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    origin, arguments = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in arguments if a is not type(None))
+    if origin is tuple:
+        return f"list of {_type_name(arguments[0])}"
+    if origin is Literal:
+        return " \\| ".join(str(a) for a in arguments)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "{" + ", ".join(annotation.model_fields) + "}"
+    names = {int: "integer", float: "number", str: "name", bool: "true/false"}
+    return names.get(annotation, str(annotation)) if isinstance(annotation, type) else str(annotation)
+
+
+def reference_table(models: Mapping[str, type[BaseModel]]) -> str:
+    """A Markdown table of every field of ``models`` (by kind): its YAML key and CLI
+    option, type, default and description, for the docs (a test keeps them current)."""
+    rows = ["| kind | key | option | type | default | description |", "| --- | --- | --- | --- | --- | --- |"]
+    for kind, model in models.items():
+        for name, info in model.model_fields.items():
+            default = info.get_default()
+            shown = "required" if info.is_required() else "—" if default is None or default == () else (
+                f"`{default}`")
+            options = ", ".join(f"`{option}`" for option in options_of(name, info))
+            text = (info.description or "").replace("|", "\\|")
+            kind_type = _type_name(info.annotation)
+            rows.append(f"| `{kind}` | `{name}` | {options} | {kind_type} | {shown} | {text} |")
+    return "\n".join(rows) + "\n"
