@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -115,7 +114,7 @@ def run_workloads(platform: Platform, repeat: int) -> dict[str, dict[str, float]
 def measure(mode: str, repeat: int) -> dict[str, object]:
     config = load_config()
     if mode == "live-host-clock":
-        config = dataclasses.replace(config, guest=dataclasses.replace(config.guest, clock="host"))
+        config = config.model_copy(update={"guest": config.guest.model_copy(update={"clock": "host"})})
     with Platform(config, plugin=mode != "plain") as platform:
         result: dict[str, object] = {"boot_s": platform.boot_seconds}
         session: contextlib.AbstractContextManager[LiveSession | None] = (

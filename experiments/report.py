@@ -22,6 +22,7 @@ import cxlssd
 from cxlssd.errors import PrerequisiteError
 from cxlssd.experiments.spec import Experiment
 from cxlssd.firmware.profile import load_profile
+from cxlssd.models import json_value
 from cxlssd.platform.config import load_config
 
 if TYPE_CHECKING:  # the figures module imports matplotlib (0.7 s): only when a report is written
@@ -302,14 +303,16 @@ def write_results(experiment: Experiment, rows: dict[str, dict[str, Any]], out_d
     ordered = [rows[p.key] for p in experiment.points() if p.key in rows]
     full = {
         "experiment": {**asdict(experiment), "platform": str(experiment.platform)},
-        "platform_config": asdict(load_config(experiment.platform)),
+        "platform_config": load_config(experiment.platform).model_dump(mode="json"),
         "profiles": {d: load_profile(d, overrides).tree for d in experiment.designs},
         "versions": _versions(),
         "table": table,
         "summary": means,
         "points": ordered,
     }
-    (out_dir / "results.json").write_text(json.dumps(full, indent=1, sort_keys=True, default=str) + "\n")
+    # default: the scenario's injections and knobs (models inside the experiment's dataclasses)
+    text = json.dumps(full, indent=1, sort_keys=True, default=json_value)
+    (out_dir / "results.json").write_text(text + "\n")
     drawn = write_figures(experiment, table, means, out_dir) if table else []
     missing = [p.key for p in experiment.points() if p.key not in rows]
     failed = [r["key"] for r in ordered if not r["check_ok"]]

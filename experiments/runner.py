@@ -25,7 +25,6 @@ module's.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import hashlib
 import json
@@ -101,8 +100,7 @@ def point_inputs(experiment: Experiment, point: Point) -> dict[str, str]:
         "code": code_digest(),
     }
     if point.trace is None:
-        config = dataclasses.asdict(load_config(experiment.platform))
-        del config["source"]
+        config = load_config(experiment.platform).model_dump(exclude={"source"})
         parts["platform"] = config
     elif point.trace.synth is not None:
         parts["trace"] = point.trace.synth.metadata()

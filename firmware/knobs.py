@@ -105,9 +105,9 @@ class FlashLatency(_Knob):
     """Firmware knob: flash read/program/erase time."""
 
     kind: ClassVar[str] = "flash-latency"
-    read_ns: Ns | None = Field(None, description="flash read time per page, ns")
-    program_ns: Ns | None = Field(None, description="flash program time per page, ns")
-    erase_ns: Ns | None = Field(None, description="flash erase time per block, ns")
+    read_ns: Ns | None = Field(default=None, description="flash read time per page, ns")
+    program_ns: Ns | None = Field(default=None, description="flash program time per page, ns")
+    erase_ns: Ns | None = Field(default=None, description="flash erase time per block, ns")
 
     @model_validator(mode="after")
     def _some(self) -> Self:
@@ -139,10 +139,12 @@ class GcStorm(_Knob):
 
     kind: ClassVar[str] = "gc-storm"
     cli_one_of: ClassVar[tuple[tuple[str, ...], ...]] = (("duration_ms", "blocks"),)
-    duration_ms: DurationMs | None = Field(None, description="keep the dies collecting this long (modelled)")
-    blocks: StrictInt | None = Field(None, description="collect this many blocks on each die at once")
+    duration_ms: DurationMs | None = Field(
+        default=None, description="keep the dies collecting this long (modelled)"
+    )
+    blocks: StrictInt | None = Field(default=None, description="collect this many blocks on each die at once")
     dies: Annotated[tuple[Index, ...] | None, Cli(metavar="D,D,...")] = Field(
-        None, description="die indexes (default: every die)"
+        default=None, description="die indexes (default: every die)"
     )
 
     @field_validator("blocks")
@@ -177,12 +179,12 @@ class DieFault(_Knob):
     cli_one_of: ClassVar[tuple[tuple[str, ...], ...]] = (("die", "channel"), ("factor", "mode"))
     mode: Annotated[Literal["slow", "fail", "restore"],
                     Cli(flag="", presets=(("--fail", "fail"), ("--restore", "restore")))] = Field(
-        "slow", description="slow, fail (no new writes, its pages rebuilt on read) or restore"
+        default="slow", description="slow, fail (no new writes, its pages rebuilt on read) or restore"
     )
-    die: Index | None = Field(None, description="die index (die d is on channel d % channels)")
-    channel: Index | None = Field(None, description="every die of this flash channel")
+    die: Index | None = Field(default=None, description="die index (die d is on channel d % channels)")
+    channel: Index | None = Field(default=None, description="every die of this flash channel")
     factor: Annotated[StrictFloat | None, Cli(flag="--slow", metavar="FACTOR")] = Field(
-        None, description="slow: multiply its read/program/erase times by this"
+        default=None, description="slow: multiply its read/program/erase times by this"
     )
 
     @model_validator(mode="after")
@@ -204,7 +206,7 @@ class FlushThrottle(_Knob):
     kind: ClassVar[str] = "flush-throttle"
     cli_one_of: ClassVar[tuple[tuple[str, ...], ...]] = (("program_interval_ns",),)
     program_interval_ns: Annotated[NsOrZero, Cli(flag="--interval-ns", presets=(("--off", 0),))] = Field(
-        0, description="ns between flush programs (0, --off: stop throttling)"
+        default=0, description="ns between flush programs (0, --off: stop throttling)"
     )
 
 

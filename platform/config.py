@@ -20,10 +20,12 @@ Example (``platform/configs/default.yaml``)::
       llc_ways: 16
       string_bytes_per_insn: 32 # a REP MOVS/STOS: one instruction per this many bytes
 
-Sizes are byte counts or numbers with a binary unit (``512MiB``, ``1.5GiB``), read by
-:func:`cxlssd.validation.parse_size` as everywhere else.
-Every key is checked: unknown keys, wrong types and impossible sizes are a
-:class:`~cxlssd.errors.ConfigError` naming the key and the fix.
+Each section is a configuration model (:mod:`cxlssd.models`): its fields, their types,
+ranges and descriptions are the one definition of the keys. Sizes are byte counts or
+numbers with a binary unit (``512MiB``, ``1.5GiB``), read by
+:func:`cxlssd.validation.size_bytes` as everywhere else. Every key is checked: unknown
+keys, wrong types and impossible sizes are a :class:`~cxlssd.errors.ConfigError`
+naming the file, the key path, the value and the fix.
 """
 
 from __future__ import annotations
@@ -32,12 +34,27 @@ import contextlib
 import ipaddress
 import math
 import re
-from dataclasses import dataclass, field, fields
+import typing
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal, Self
+
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from cxlssd.errors import ConfigError
-from cxlssd.validation import check_keys, did_you_mean, format_size, parse_size
+from cxlssd.models import ConfigModel, SizeBytes
+from cxlssd.validation import check_keys, did_you_mean, format_size
 from cxlssd.yamlfile import read_yaml, short_repr
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -64,28 +81,70 @@ MAX_CPI = 1000.0
 DC_MAX_REGIONS = 8
 
 
-@dataclass(frozen=True)
-class DynamicCapacityConfig:
+def _positive(maximum: float) -> AfterValidator:
+    """A number in (0, maximum]; NaN and infinities are refused (a NaN timeout never expires)."""
+    def check(value: float) -> float:
+        if not math.isfinite(value) or not 0 < value <= maximum:
+            raise ValueError(f"must be positive and at most {maximum:g}, got {short_repr(value)}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _multiple_of_256mib(size: int) -> int:
+    if size % CXL_SIZE_ALIGN_BYTES:
+        raise ValueError(f"{format_size(size)} is not a multiple of 256MiB; "
+                         "CXL memory is mapped and onlined in 256MiB units")
+    return size
+
+
+class DynamicCapacityConfig(ConfigModel):
     """A device's dynamic capacity (a dynamic capacity device, DCD): ``regions`` DC regions
     of ``size_bytes / regions`` each, placed in the device's DPA space after its
     static capacity. None of it is host memory until the host accepts an extent
     (docs/inject.md, "Dynamic capacity")."""
 
-    regions: int
-    size_bytes: int
+    label: ClassVar[str] = "dynamic_capacity"
+    regions: Annotated[StrictInt, _positive(math.inf)] = Field(default=1, description="DC regions, 1..8")
+    size_bytes: SizeBytes = Field(validation_alias="size",
+                                  description="the dynamic capacity of all regions, e.g. size: 256MiB")
+
+    @field_validator("regions")
+    @classmethod
+    def _regions(cls, regions: int) -> int:
+        if regions > DC_MAX_REGIONS:
+            raise ValueError(f"{regions} DC regions; a device has at most {DC_MAX_REGIONS}")
+        return regions
+
+    @field_validator("size_bytes")
+    @classmethod
+    def _split(cls, size: int, info: ValidationInfo) -> int:
+        regions = info.data.get("regions")
+        if regions is not None and size % (regions * CXL_SIZE_ALIGN_BYTES):
+            raise ValueError(
+                f"{format_size(size)} does not split into {regions} region(s) of a multiple of "
+                f"256MiB (QEMU's DC region unit); use e.g. {format_size(regions * CXL_SIZE_ALIGN_BYTES)} "
+                f"or {format_size(2 * regions * CXL_SIZE_ALIGN_BYTES)}"
+            )
+        return size
 
     @property
     def region_bytes(self) -> int:
         return self.size_bytes // self.regions
 
 
-@dataclass(frozen=True)
-class CxlDeviceConfig:
+class CxlDeviceConfig(ConfigModel):
     """One volatile CXL Type-3 memory device (its own host bridge and window);
     ``size_bytes`` is its static capacity, ``dynamic_capacity`` makes it a DCD."""
 
-    size_bytes: int
-    dynamic_capacity: DynamicCapacityConfig | None = None
+    label: ClassVar[str] = "CXL device"
+    size_bytes: Annotated[SizeBytes, AfterValidator(_multiple_of_256mib)] = Field(
+        validation_alias="size", description="static capacity, a multiple of 256MiB, e.g. size: 1GiB"
+    )
+    dynamic_capacity: DynamicCapacityConfig | None = Field(
+        default=None,
+        description="optional: makes it a dynamic capacity device, e.g. {regions: 1, size: 256MiB}",
+    )
 
     @property
     def backing_bytes(self) -> int:
@@ -98,33 +157,62 @@ class CxlDeviceConfig:
 # instructions it executes (QEMU's -icount), so its timer-driven kernel work comes at
 # a fixed rate per instruction whatever the host's speed (docs/live.md, "Modelled time
 # and the host"); or the host's time, as plain TCG does.
-GUEST_CLOCKS = ("instructions", "host")
+GuestClock = Literal["instructions", "host"]
+GUEST_CLOCKS: tuple[str, ...] = typing.get_args(GuestClock)
 
 
-@dataclass(frozen=True)
-class GuestConfig:
-    dram_bytes: int = 2 * GiB
-    vcpus: int = 1
-    boot_timeout_s: float = 600.0
-    clock: str = "instructions"
+def _memory_blocks(size: int) -> int:
+    if size % (128 * MiB):
+        raise ValueError(f"{format_size(size)} is not a multiple of 128MiB (the guest's memory block size)")
+    return size
+
+
+class GuestConfig(ConfigModel):
+    label: ClassVar[str] = "guest"
+    dram_bytes: Annotated[SizeBytes, AfterValidator(_memory_blocks)] = Field(
+        default=2 * GiB, validation_alias="dram", description="node 0's memory, a multiple of 128MiB"
+    )
+    vcpus: Annotated[StrictInt, _positive(MAX_VCPUS)] = Field(default=1, description="virtual CPUs")
+    boot_timeout_s: Annotated[StrictFloat, _positive(MAX_BOOT_TIMEOUT_S)] = Field(
+        default=600.0, description="seconds to boot; the error then shows the serial log's last lines"
+    )
+    clock: GuestClock = Field(default="instructions", description="what the guest's clocks follow")
     # The guest kernel helper (host_os/kmod/) and its doorbell device: a design that
     # switches on long delays then does so for unmodified multi-threaded programs.
-    kernel_helper: bool = True
+    kernel_helper: StrictBool = Field(
+        default=True, description="load the guest kernel helper (host_os/kmod/)"
+    )
 
 
-@dataclass(frozen=True)
-class CpuConfig:
+class CpuConfig(ConfigModel):
     """The modelled CPU: its clock (instructions x CPI / frequency) and its
     last-level cache, which the TCG plugin simulates."""
 
-    frequency_ghz: float = 3.0
-    cpi: float = 1.0
-    llc_bytes: int = 2 * MiB
-    llc_ways: int = 16
+    label: ClassVar[str] = "cpu"
+    frequency_ghz: Annotated[StrictFloat, _positive(MAX_FREQUENCY_GHZ)] = Field(
+        default=3.0, description="clock frequency, GHz"
+    )
+    cpi: Annotated[StrictFloat, _positive(MAX_CPI)] = Field(default=1.0, description="cycles per instruction")
+    llc_bytes: SizeBytes = Field(default=2 * MiB, validation_alias="llc", description="last-level cache size")
+    llc_ways: Annotated[StrictInt, _positive(MAX_LLC_WAYS)] = Field(
+        default=16, description="LLC associativity"
+    )
     # A REP MOVS/STOS (the guest kernel's page copies and clears, copies to and from
     # user space) is charged one instruction per this many bytes it stores, plus one:
     # ours, a fast-string copy at one 32-byte store a cycle (docs/plugin.md).
-    string_bytes_per_insn: int = 32
+    string_bytes_per_insn: Annotated[StrictInt, _positive(MAX_STRING_BYTES_PER_INSN)] = Field(
+        default=32, description="a REP MOVS/STOS: one instruction per this many bytes"
+    )
+
+    @model_validator(mode="after")
+    def _power_of_2_sets(self) -> Self:
+        sets, rest = divmod(self.llc_bytes, 64 * self.llc_ways)
+        if rest or sets & (sets - 1) or not sets:
+            raise ValueError(
+                f"an LLC of {format_size(self.llc_bytes)} with {self.llc_ways} ways does not have a "
+                "power-of-2 number of 64-byte-line sets (ways 1..64); e.g. llc: 2MiB, llc_ways: 16"
+            )
+        return self
 
     @property
     def insn_ps(self) -> int:
@@ -132,13 +220,34 @@ class CpuConfig:
         return max(1, round(self.cpi * 1000 / self.frequency_ghz))
 
 
-@dataclass(frozen=True)
-class PlatformConfig:
-    name: str = "default"
-    guest: GuestConfig = field(default_factory=GuestConfig)
-    cpu: CpuConfig = field(default_factory=CpuConfig)
-    cxl_devices: tuple[CxlDeviceConfig, ...] = (CxlDeviceConfig(size_bytes=1 * GiB),)
+def _instance_name(name: object) -> str:
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ValueError(f"{short_repr(name)} must be 1-32 letters, digits, '-' or '_' "
+                         "(it names the instance)")
+    return name
+
+
+class PlatformConfig(ConfigModel):
+    label: ClassVar[str] = "platform config"
+    name: Annotated[StrictStr, AfterValidator(_instance_name)] = Field(
+        default="default", description="instance name prefix (letters, digits, - and _)"
+    )
+    guest: GuestConfig = Field(default_factory=GuestConfig, description="the guest machine")
+    cpu: CpuConfig = Field(default_factory=CpuConfig, description="the modelled CPU")
+    cxl_devices: tuple[CxlDeviceConfig, ...] = Field(
+        default=(CxlDeviceConfig(size_bytes=1 * GiB),), description="1-4 CXL Type-3 devices"
+    )
+    # Where it was read from, for messages; set by the reader, not a key of the file.
     source: str = "<built-in>"
+
+    @field_validator("cxl_devices")
+    @classmethod
+    def _one_to_four(cls, devices: tuple[CxlDeviceConfig, ...]) -> tuple[CxlDeviceConfig, ...]:
+        if not devices:
+            raise ValueError("cxl_devices must be a non-empty list, e.g. [{size: 1GiB}]")
+        if len(devices) > 4:
+            raise ValueError(f"at most 4 CXL devices are supported, got {len(devices)}")
+        return devices
 
     @property
     def cxl_total_bytes(self) -> int:
@@ -151,6 +260,10 @@ class PlatformConfig:
         return self.guest.dram_bytes + self.cxl_total_bytes
 
 
+# The keys of a platform file's guest (not "source": that is the reader's)
+PLATFORM_KEYS = frozenset(PlatformConfig.model_fields) - {"source"}
+
+
 def _mapping(value: object, where: str) -> dict[str, Any]:
     if value is None:
         return {}
@@ -161,123 +274,11 @@ def _mapping(value: object, where: str) -> dict[str, Any]:
     return value
 
 
-def _positive_number(value: object, key: str, kind: type, maximum: float) -> Any:
-    """``value`` as a ``kind`` in (0, maximum]; NaN and infinities are refused (a NaN
-    timeout never expires)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-        raise ConfigError(f"{key}: expected a positive {kind.__name__}, got {short_repr(value)}")
-    if not math.isfinite(value) or not 0 < value <= maximum:
-        raise ConfigError(f"{key}: must be positive and at most {maximum:g}, got {short_repr(value)}")
-    return kind(value)
-
-
-def _guest_from(raw: dict[str, Any], where: str) -> GuestConfig:
-    defaults = GuestConfig()
-    check_keys(raw, {"dram", "vcpus", "boot_timeout_s", "clock", "kernel_helper"}, where)
-    dram_bytes = parse_size(raw["dram"], f"{where}.dram") if "dram" in raw else defaults.dram_bytes
-    if dram_bytes % (128 * MiB):
-        raise ConfigError(
-            f"{where}.dram: {format_size(dram_bytes)} is not a multiple of 128MiB "
-            "(the guest's memory block size)"
-        )
-    clock = raw.get("clock", defaults.clock)
-    if clock not in GUEST_CLOCKS:
-        raise ConfigError(f"{where}.clock: expected one of {', '.join(GUEST_CLOCKS)}, got {clock!r}")
-    kernel_helper = raw.get("kernel_helper", defaults.kernel_helper)
-    if not isinstance(kernel_helper, bool):
-        raise ConfigError(f"{where}.kernel_helper: expected true or false, got {short_repr(kernel_helper)}")
-    return GuestConfig(
-        dram_bytes=dram_bytes,
-        vcpus=_positive_number(raw.get("vcpus", defaults.vcpus), f"{where}.vcpus", int, MAX_VCPUS),
-        boot_timeout_s=_positive_number(
-            raw.get("boot_timeout_s", defaults.boot_timeout_s), f"{where}.boot_timeout_s", float,
-            MAX_BOOT_TIMEOUT_S,
-        ),
-        clock=clock,
-        kernel_helper=kernel_helper,
-    )
-
-
-def _cpu_from(raw: dict[str, Any], where: str) -> CpuConfig:
-    defaults = CpuConfig()
-    check_keys(raw, {"frequency_ghz", "cpi", "llc", "llc_ways", "string_bytes_per_insn"}, where)
-    llc_bytes = parse_size(raw["llc"], f"{where}.llc") if "llc" in raw else defaults.llc_bytes
-    ways = _positive_number(raw.get("llc_ways", defaults.llc_ways), f"{where}.llc_ways", int, MAX_LLC_WAYS)
-    sets, rest = divmod(llc_bytes, 64 * ways)
-    if rest or sets & (sets - 1) or not sets:
-        raise ConfigError(
-            f"{where}: an LLC of {format_size(llc_bytes)} with {ways} ways does not have a power-of-2 "
-            "number of 64-byte-line sets (ways 1..64); e.g. llc: 2MiB, llc_ways: 16"
-        )
-    return CpuConfig(
-        frequency_ghz=_positive_number(raw.get("frequency_ghz", defaults.frequency_ghz),
-                                       f"{where}.frequency_ghz", float, MAX_FREQUENCY_GHZ),
-        cpi=_positive_number(raw.get("cpi", defaults.cpi), f"{where}.cpi", float, MAX_CPI),
-        llc_bytes=llc_bytes,
-        llc_ways=ways,
-        string_bytes_per_insn=_positive_number(
-            raw.get("string_bytes_per_insn", defaults.string_bytes_per_insn),
-            f"{where}.string_bytes_per_insn", int, MAX_STRING_BYTES_PER_INSN),
-    )
-
-
-def _dynamic_capacity_from(raw: object, where: str) -> DynamicCapacityConfig:
-    section = _mapping(raw, where)
-    check_keys(section, {"regions", "size"}, where)
-    if "size" not in section:
-        raise ConfigError(f"{where}: missing 'size', the dynamic capacity of all regions (e.g. size: 256MiB)")
-    regions = _positive_number(section.get("regions", 1), f"{where}.regions", int, math.inf)
-    if regions > DC_MAX_REGIONS:
-        raise ConfigError(f"{where}.regions: {regions} DC regions; a device has at most {DC_MAX_REGIONS}")
-    size = parse_size(section["size"], f"{where}.size")
-    if size % (regions * CXL_SIZE_ALIGN_BYTES):
-        raise ConfigError(
-            f"{where}.size: {format_size(size)} does not split into {regions} region(s) of a "
-            f"multiple of 256MiB (QEMU's DC region unit); use e.g. "
-            f"{format_size(regions * CXL_SIZE_ALIGN_BYTES)} or "
-            f"{format_size(2 * regions * CXL_SIZE_ALIGN_BYTES)}"
-        )
-    return DynamicCapacityConfig(regions=regions, size_bytes=size)
-
-
-def _device_from(raw: object, where: str) -> CxlDeviceConfig:
-    device = _mapping(raw, where)
-    check_keys(device, {"size", "dynamic_capacity"}, where)
-    if "size" not in device:
-        raise ConfigError(f"{where}: missing 'size' (e.g. size: 1GiB)")
-    size = parse_size(device["size"], f"{where}.size")
-    if size % CXL_SIZE_ALIGN_BYTES:
-        raise ConfigError(
-            f"{where}.size: {format_size(size)} is not a multiple of 256MiB; "
-            "CXL memory is mapped and onlined in 256MiB units"
-        )
-    dynamic = (
-        _dynamic_capacity_from(device["dynamic_capacity"], f"{where}.dynamic_capacity")
-        if device.get("dynamic_capacity") is not None
-        else None
-    )
-    return CxlDeviceConfig(size_bytes=size, dynamic_capacity=dynamic)
-
-
 def config_from_dict(raw: object, source: str = "<dict>") -> PlatformConfig:
     """Validate a parsed YAML document and build the configuration."""
     top = _single_guest_part(_mapping(raw, source), source)
-    check_keys(top, {f.name for f in fields(PlatformConfig)} - {"source"}, source)
-    name = _checked_name(top.get("name", PlatformConfig.name), source)
-    devices_raw = top.get("cxl_devices", [{"size": "1GiB"}])
-    if not isinstance(devices_raw, list) or not devices_raw:
-        raise ConfigError(f"{source}: cxl_devices must be a non-empty list, e.g. [{{size: 1GiB}}]")
-    if len(devices_raw) > 4:
-        raise ConfigError(f"{source}: at most 4 CXL devices are supported, got {len(devices_raw)}")
-    return PlatformConfig(
-        name=name,
-        guest=_guest_from(_mapping(top.get("guest"), f"{source}: guest"), f"{source}: guest"),
-        cpu=_cpu_from(_mapping(top.get("cpu"), f"{source}: cpu"), f"{source}: cpu"),
-        cxl_devices=tuple(
-            _device_from(d, f"{source}: cxl_devices[{i}]") for i, d in enumerate(devices_raw)
-        ),
-        source=source,
-    )
+    check_keys(top, PLATFORM_KEYS, source)
+    return PlatformConfig.parse({**top, "source": source}, source)
 
 
 def load_config(path: Path | None = None) -> PlatformConfig:
@@ -292,7 +293,6 @@ def load_config(path: Path | None = None) -> PlatformConfig:
 # configures it statically as 10.0.2.15 in this subnet.
 USER_NET_SUBNET = ipaddress.IPv4Network("10.0.2.0/24")
 DEFAULT_BRIDGE_SUBNET = ipaddress.IPv4Network("10.77.0.0/24")
-NETWORK_MODES = ("user", "bridge")
 # A bridge subnet must be private (RFC 1918): the guests' default route is the
 # user-mode NIC, which a public subnet on the bridge would shadow.
 PRIVATE_RANGES = tuple(
@@ -304,14 +304,56 @@ BRIDGE_PREFIX_RANGE = (8, 30)
 _GUEST_ONLY_KEYS = {"design", "address"}
 
 
-@dataclass(frozen=True)
-class NetworkConfig:
+NetworkMode = Literal["user", "bridge"]
+NETWORK_MODES: tuple[str, ...] = typing.get_args(NetworkMode)
+
+
+def _subnet(value: object) -> object:
+    """A bridge subnet: a private IPv4 network of /8../30 that does not overlap the
+    user-mode network."""
+    if isinstance(value, ipaddress.IPv4Network):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"expected an IPv4 subnet like 10.77.0.0/24, got {short_repr(value)}")
+    try:
+        subnet = ipaddress.IPv4Network(value, strict=True)
+    except ValueError as error:
+        fix = ""
+        with contextlib.suppress(ValueError):
+            fix = f"; did you mean {ipaddress.IPv4Network(value, strict=False)}?"
+        raise ValueError(f"{short_repr(value)} is not an IPv4 subnet ({error}){fix}") from None
+    low, high = BRIDGE_PREFIX_RANGE
+    if not low <= subnet.prefixlen <= high:
+        raise ValueError(f"{subnet} must have a prefix length from /{low} to /{high}")
+    if not any(subnet.subnet_of(r) for r in PRIVATE_RANGES):
+        raise ValueError(
+            f"{subnet} is not a private range ({', '.join(map(str, PRIVATE_RANGES))}); "
+            "a public one would shadow real addresses in the guests"
+        )
+    if subnet.overlaps(USER_NET_SUBNET):
+        raise ValueError(
+            f"{subnet} overlaps {USER_NET_SUBNET}, the user-mode network every guest also "
+            "has (its SSH forward); choose another subnet, e.g. 10.77.0.0/24"
+        )
+    return subnet
+
+
+class NetworkConfig(ConfigModel):
     """How the guests of a platform are networked. ``user``: each guest has only
     QEMU's user-mode NIC. ``bridge``: each guest also has a NIC on a bridge in a
     network namespace the platform creates (guests reach each other; nothing leaves)."""
 
-    mode: str = "user"
-    subnet: ipaddress.IPv4Network = DEFAULT_BRIDGE_SUBNET
+    label: ClassVar[str] = "network"
+    mode: NetworkMode = Field(default="user", description="user, or bridge: the guests also share a bridge")
+    subnet: Annotated[ipaddress.IPv4Network, BeforeValidator(_subnet)] = Field(
+        default=DEFAULT_BRIDGE_SUBNET, description="the bridge's private IPv4 subnet"
+    )
+
+    @model_validator(mode="after")
+    def _bridge_only(self) -> Self:
+        if "subnet" in self.model_fields_set and self.mode != "bridge":
+            raise ValueError("subnet: only a bridge network has a subnet (set mode: bridge)")
+        return self
 
     @property
     def bridge_address(self) -> ipaddress.IPv4Interface:
@@ -347,67 +389,16 @@ class MultiPlatformConfig:
         return tuple(g.platform for g in self.guests)
 
 
-def _checked_name(name: object, where: str) -> str:
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise ConfigError(
-            f"{where}: name {short_repr(name)} must be 1-32 letters, digits, '-' or '_' "
-            "(it names the instance)"
-        )
-    return name
-
-
 def _single_guest_part(top: dict[str, Any], source: str) -> dict[str, Any]:
     """The keys :func:`config_from_dict` reads: a file with ``guests:`` or a bridge
     network needs the multi-guest loader; a ``network: {mode: user}`` is the default."""
-    if "guests" in top or _network_from(top.get("network"), f"{source}: network").mode != "user":
+    if "guests" in top or NetworkConfig.parse(top.get("network"), f"{source}: network").mode != "user":
         what = "several guests" if "guests" in top else "a bridge network"
         raise ConfigError(
             f"{source}: declares {what}; start it with MultiPlatform(load_multi_config(path)) "
             "from cxlssd.platform.multi (docs/network.md)"
         )
     return {key: value for key, value in top.items() if key != "network"}
-
-
-def _subnet_from(value: object, key: str) -> ipaddress.IPv4Network:
-    if not isinstance(value, str):
-        raise ConfigError(f"{key}: expected an IPv4 subnet like 10.77.0.0/24, got {short_repr(value)}")
-    try:
-        subnet = ipaddress.IPv4Network(value, strict=True)
-    except ValueError as error:
-        fix = ""
-        with contextlib.suppress(ValueError):
-            fix = f"; did you mean {ipaddress.IPv4Network(value, strict=False)}?"
-        raise ConfigError(f"{key}: {short_repr(value)} is not an IPv4 subnet ({error}){fix}") from None
-    low, high = BRIDGE_PREFIX_RANGE
-    if not low <= subnet.prefixlen <= high:
-        raise ConfigError(f"{key}: {subnet} must have a prefix length from /{low} to /{high}")
-    if not any(subnet.subnet_of(r) for r in PRIVATE_RANGES):
-        raise ConfigError(
-            f"{key}: {subnet} is not a private range ({', '.join(map(str, PRIVATE_RANGES))}); "
-            "a public one would shadow real addresses in the guests"
-        )
-    if subnet.overlaps(USER_NET_SUBNET):
-        raise ConfigError(
-            f"{key}: {subnet} overlaps {USER_NET_SUBNET}, the user-mode network every guest also "
-            "has (its SSH forward); choose another subnet, e.g. 10.77.0.0/24"
-        )
-    return subnet
-
-
-def _network_from(raw: object, where: str) -> NetworkConfig:
-    section = _mapping(raw, where)
-    check_keys(section, {"mode", "subnet"}, where)
-    mode = section.get("mode", NetworkConfig.mode)
-    if mode not in NETWORK_MODES:
-        raise ConfigError(f"{where}.mode: {short_repr(mode)} is not one of {', '.join(NETWORK_MODES)}")
-    if "subnet" in section and mode != "bridge":
-        raise ConfigError(f"{where}.subnet: only a bridge network has a subnet (set mode: bridge)")
-    subnet = (
-        _subnet_from(section["subnet"], f"{where}.subnet")
-        if "subnet" in section
-        else DEFAULT_BRIDGE_SUBNET
-    )
-    return NetworkConfig(mode=mode, subnet=subnet)
 
 
 def _design_from(value: object, key: str) -> str | None:
@@ -474,7 +465,7 @@ def multi_config_from_dict(raw: object, source: str = "<dict>") -> MultiPlatform
     :func:`config_from_dict`) or several (``guests:``), each with an optional
     ``network:`` section. Everything is checked before anything starts."""
     top = _mapping(raw, source)
-    network = _network_from(top.get("network"), f"{source}: network")
+    network = NetworkConfig.parse(top.get("network"), f"{source}: network")
     if "guests" not in top:
         single = config_from_dict({k: v for k, v in top.items() if k != "network"}, source)
         return MultiPlatformConfig(
@@ -484,19 +475,21 @@ def multi_config_from_dict(raw: object, source: str = "<dict>") -> MultiPlatform
             source=source,
         )
     check_keys(top, {"name", "network", "guests"}, source)
-    name = _checked_name(top.get("name", PlatformConfig.name), source)
+    try:
+        name = _instance_name(top.get("name", "default"))
+    except ValueError as error:
+        raise ConfigError(f"{source}: name: {error}") from None
     entries = top["guests"]
     if not isinstance(entries, list) or not entries:
         raise ConfigError(
             f"{source}: guests must be a non-empty list, e.g. [{{name: a}}, {{name: b}}]"
         )
-    platform_keys = {f.name for f in fields(PlatformConfig)} - {"source"}
     platforms, designs, explicit = [], [], []
     first_index: dict[str, int] = {}
     for index, raw_entry in enumerate(entries):
         where = f"{source}: guests[{index}]"
         entry = _mapping(raw_entry, where)
-        check_keys(entry, platform_keys | _GUEST_ONLY_KEYS, where)
+        check_keys(entry, PLATFORM_KEYS | _GUEST_ONLY_KEYS, where)
         if "name" not in entry:
             raise ConfigError(f"{where}: missing 'name' (each guest needs its own, e.g. name: dram-only)")
         platform = config_from_dict(

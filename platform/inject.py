@@ -58,7 +58,7 @@ from cxlssd.paths import runtime_root
 from cxlssd.platform.config import DC_MAX_REGIONS, CxlDeviceConfig
 from cxlssd.platform.live import attached_firmware_path, control_path
 from cxlssd.platform.machine import pid_file_alive
-from cxlssd.validation import did_you_mean, format_size, parse_size
+from cxlssd.validation import did_you_mean, format_size, size_bytes
 from cxlssd.yamlfile import short_repr
 
 if TYPE_CHECKING:
@@ -316,7 +316,7 @@ class Injection(ConfigModel):
     refusal_hints: ClassVar[Mapping[str, str]] = {}
     # Whether check_device needs DeviceView.dynamic_capacity (read from QEMU first).
     needs_dc_layout: ClassVar[bool] = False
-    device: Annotated[StrictInt, AfterValidator(_device_index)] = Field(0, description=_DEVICE_HELP)
+    device: Annotated[StrictInt, AfterValidator(_device_index)] = Field(default=0, description=_DEVICE_HELP)
 
     def check_device(self, device: DeviceView) -> None:
         """Checks that need the device (address range); nothing by default."""
@@ -337,7 +337,7 @@ class Poison(Injection):
         "Overlap": "poison ranges must not overlap poison injected before"
     }
     dpa: Dpa = Field(description="device physical address, 64-byte aligned")
-    length: StrictInt = Field(CACHELINE, description="bytes, a multiple of 64")
+    length: StrictInt = Field(default=CACHELINE, description="bytes, a multiple of 64")
 
     @field_validator("length")
     @classmethod
@@ -364,7 +364,7 @@ class UncorrectableError(ConfigModel):
         description=f"error type: {', '.join(UNCORRECTABLE_TYPES)}"
     )
     header: Annotated[tuple[U32, ...], Cli(metavar="DW,DW,...")] = Field(
-        (), description="header log dwords (at most 32)"
+        default=(), description="header log dwords (at most 32)"
     )
 
     @model_validator(mode="before")
@@ -431,11 +431,11 @@ class _Event(Injection):
     """Common part of the event records: the log they go to and the record flags."""
 
     log: Annotated[StrictStr, _known_name("event log", list(EVENT_LOGS))] = Field(
-        "informational", description=f"event log: {_names(EVENT_LOGS)}"
+        default="informational", description=f"event log: {_names(EVENT_LOGS)}"
     )
     # Event Record Flags; None = just the severity of ``log`` (bits [1:0]).
     flags: EventFlags | None = Field(
-        None,
+        default=None,
         description=f"event record flags: a number or {_names(RECORD_FLAGS)} (default: the log's severity)",
     )
 
@@ -449,21 +449,21 @@ class _MediaEvent(_Event):
 
     _types: ClassVar[Mapping[str, int]]
     log: Annotated[StrictStr, _known_name("event log", list(EVENT_LOGS))] = Field(
-        "failure", description=f"event log: {_names(EVENT_LOGS)}"
+        default="failure", description=f"event log: {_names(EVENT_LOGS)}"
     )
     dpa: Dpa = Field(description="device physical address, 64-byte aligned")
     descriptor: Descriptor = Field(
-        DESCRIPTOR_BITS["uncorrectable"], description=f"a number or {_names(DESCRIPTOR_BITS)}"
+        default=DESCRIPTOR_BITS["uncorrectable"], description=f"a number or {_names(DESCRIPTOR_BITS)}"
     )
     transaction_type: TransactionType = Field(
-        "host-read", description=f"{_names(TRANSACTION_TYPES)} or a number"
+        default="host-read", description=f"{_names(TRANSACTION_TYPES)} or a number"
     )
     volatile: StrictBool = Field(
-        True, description="the address's volatile flag (set: the platform's devices are volatile)"
+        default=True, description="the address's volatile flag (set: the platform's devices are volatile)"
     )
-    not_repairable: StrictBool = Field(False, description="set the address's not-repairable flag")
-    channel: U8 | None = Field(None, description="channel (8 bits)")
-    rank: U8 | None = Field(None, description="rank (8 bits)")
+    not_repairable: StrictBool = Field(default=False, description="set the address's not-repairable flag")
+    channel: U8 | None = Field(default=None, description="channel (8 bits)")
+    rank: U8 | None = Field(default=None, description="rank (8 bits)")
 
     def check_device(self, device: DeviceView) -> None:
         device.check_range(f"{self.kind} DPA", self.dpa, CACHELINE)
@@ -493,10 +493,12 @@ class GeneralMediaEvent(_MediaEvent):
     _types: ClassVar[Mapping[str, int]] = GENERAL_MEDIA_TYPES
     event_type: Annotated[NameOrNumber, _checked_name_or_number("event type", GENERAL_MEDIA_TYPES),
                           Cli(flag="--type")] = Field(
-        "ecc-error", description=f"{_names(GENERAL_MEDIA_TYPES)} or a number"
+        default="ecc-error", description=f"{_names(GENERAL_MEDIA_TYPES)} or a number"
     )
-    device_mask: U24 | None = Field(None, description="QMP device: the devices of the rank (24-bit mask)")
-    component_id: StrictStr | None = Field(None, description="1-15 ASCII characters")
+    device_mask: U24 | None = Field(
+        default=None, description="QMP device: the devices of the rank (24-bit mask)"
+    )
+    component_id: StrictStr | None = Field(default=None, description="1-15 ASCII characters")
 
     @field_validator("component_id")
     @classmethod
@@ -524,14 +526,14 @@ class DramEvent(_MediaEvent):
     _types: ClassVar[Mapping[str, int]] = DRAM_TYPES
     event_type: Annotated[NameOrNumber, _checked_name_or_number("event type", DRAM_TYPES),
                           Cli(flag="--type")] = Field(
-        "ecc-error", description=f"{_names(DRAM_TYPES)} or a number"
+        default="ecc-error", description=f"{_names(DRAM_TYPES)} or a number"
     )
-    nibble_mask: U24 | None = Field(None, description="24 bits")
-    bank_group: U8 | None = Field(None, description="8 bits")
-    bank: U8 | None = Field(None, description="8 bits")
-    row: U24 | None = Field(None, description="24 bits")
-    column: U16 | None = Field(None, description="16 bits")
-    correction_mask: tuple[U64, ...] = Field((), description="up to 4 64-bit words")
+    nibble_mask: U24 | None = Field(default=None, description="24 bits")
+    bank_group: U8 | None = Field(default=None, description="8 bits")
+    bank: U8 | None = Field(default=None, description="8 bits")
+    row: U24 | None = Field(default=None, description="24 bits")
+    column: U16 | None = Field(default=None, description="16 bits")
+    correction_mask: tuple[U64, ...] = Field(default=(), description="up to 4 64-bit words")
 
     @field_validator("correction_mask")
     @classmethod
@@ -558,24 +560,24 @@ class MemoryModuleEvent(_Event):
     command: ClassVar[str] = "cxl-inject-memory-module-event"
     event_type: Annotated[NameOrNumber, _checked_name_or_number("event type", MEMORY_MODULE_TYPES),
                           Cli(flag="--type")] = Field(
-        "health-status-change", description=f"{_names(MEMORY_MODULE_TYPES)} or a number"
+        default="health-status-change", description=f"{_names(MEMORY_MODULE_TYPES)} or a number"
     )
-    health_status: HealthStatus = Field(0, description=f"a number or {_names(HEALTH_STATUS_BITS)}")
+    health_status: HealthStatus = Field(default=0, description=f"a number or {_names(HEALTH_STATUS_BITS)}")
     media_status: Annotated[NameOrNumber, _checked_name_or_number("media status", MEDIA_STATUS)] = Field(
-        "normal", description=f"{_names(MEDIA_STATUS)} or a number"
+        default="normal", description=f"{_names(MEDIA_STATUS)} or a number"
     )
     additional_status: U6 = Field(
-        0, description="bits [1:0] life used, [3:2] temperature (0 normal 1 warning 2 critical), "
+        default=0, description="bits [1:0] life used, [3:2] temperature (0 normal 1 warning 2 critical), "
         "4 volatile / 5 persistent corrected-error-count warning"
     )
-    life_used: StrictInt = Field(0, description="percent 0..100")
-    temperature: StrictInt = Field(25, description="degrees C")
-    dirty_shutdown_count: U32 = Field(0, description="dirty shutdowns (32 bits)")
+    life_used: StrictInt = Field(default=0, description="percent 0..100")
+    temperature: StrictInt = Field(default=25, description="degrees C")
+    dirty_shutdown_count: U32 = Field(default=0, description="dirty shutdowns (32 bits)")
     corrected_volatile_error_count: Annotated[U32, Cli(flag="--corrected-volatile-errors")] = Field(
-        0, description="corrected volatile errors (32 bits)"
+        default=0, description="corrected volatile errors (32 bits)"
     )
     corrected_persistent_error_count: Annotated[U32, Cli(flag="--corrected-persistent-errors")] = Field(
-        0, description="corrected persistent errors (32 bits)"
+        default=0, description="corrected persistent errors (32 bits)"
     )
 
     @field_validator("additional_status")
@@ -669,8 +671,8 @@ def _byte_count(text: str) -> int:
     with contextlib.suppress(ValueError):
         return int(text, 0)
     try:
-        return parse_size(text, "", minimum_bytes=0)
-    except ConfigError:
+        return size_bytes(text, minimum_bytes=0)
+    except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a byte count (a number, hex as 0x..., or with KiB/MiB/GiB, e.g. 2MiB)"
         ) from None
@@ -683,7 +685,7 @@ class _DynamicCapacity(Injection):
 
     needs_dc_layout: ClassVar[bool] = True
     policy_argument: ClassVar[str]
-    region: StrictInt = Field(0, description="DC region index")
+    region: StrictInt = Field(default=0, description="DC region index")
     extents: Annotated[
         tuple[Annotated[DcExtent, BeforeValidator(_as_extent)], ...],
         Cli(flag="--extent", metavar="OFFSET:LENGTH", parse=extent_option, repeat=True),

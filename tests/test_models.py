@@ -30,9 +30,9 @@ class Item(ConfigModel):
 class Holder(ConfigModel):
     label: ClassVar[str] = "holder"
     items: tuple[Item, ...] = ()
-    count: Annotated[StrictInt, Cli(flag="--many")] = Field(1, description="how many")
-    fast: bool = Field(False, description="go fast")
-    loud: bool = Field(True, description="speak up")
+    count: Annotated[StrictInt, Cli(flag="--many")] = Field(default=1, description="how many")
+    fast: bool = Field(default=False, description="go fast")
+    loud: bool = Field(default=True, description="speak up")
 
 
 @pytest.mark.parametrize(
@@ -42,10 +42,10 @@ class Holder(ConfigModel):
         ({"items": [{"size_byte": 2}]},  # the misspelt key first: it explains the missing one
          "t.yaml: top.items[0]: unknown key 'size_byte'; did you mean 'size_bytes'? (and 1 more problem(s))"),
         ({"zebra": 1}, "t.yaml: top: unknown key 'zebra'; allowed keys: count, fast, items, loud"),
-        ({"items": [{}]}, "t.yaml: top: holder needs items[0].size_bytes"),
-        ({"count": "3"}, "t.yaml: top.count: expected a valid integer, got '3'"),
+        ({"items": [{}]}, "t.yaml: top.items[0]: missing 'size_bytes'"),
+        ({"count": "3"}, "t.yaml: top.count: expected an integer, got '3'"),
         ({"count": True, "fast": 2},
-         "t.yaml: top.count: expected a valid integer, got True (and 1 more problem(s))"),
+         "t.yaml: top.count: expected an integer, got True (and 1 more problem(s))"),
         (["count"], "t.yaml: top: expected a mapping of keys (items, count, fast, loud), got ['count']"),
     ],
 )

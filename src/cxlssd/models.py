@@ -20,13 +20,13 @@ import types
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
 from cxlssd.errors import ConfigError, CxlssdError
-from cxlssd.validation import close_match
+from cxlssd.validation import close_match, size_bytes
 from cxlssd.yamlfile import short_repr
 
 # How deep model construction is nested: only the outermost construction turns a
@@ -45,12 +45,20 @@ class ConfigModel(BaseModel):
     known key), instances are immutable, and a validation problem raises
     :attr:`error_class` with a one-line message."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # validate_by_name: a field with a file key of its own (size_bytes: ``size``) is also
+    # given by its name from Python.
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True)
     #: the project's error a problem raises (firmware knobs: InputError)
     error_class: ClassVar[type[CxlssdError]] = ConfigError
     #: what messages call an instance when no file or key path is given (default: its
     #: ``kind``, e.g. "poison", if it has one)
     label: ClassVar[str] = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_section(cls, raw: object) -> object:
+        """A YAML key with nothing under it (``guest:``) is an empty section: the defaults."""
+        return {} if raw is None else raw
 
     def __init__(self, /, **data: Any) -> None:
         depth = _DEPTH.set(_DEPTH.get() + 1)
@@ -68,6 +76,7 @@ class ConfigModel(BaseModel):
     def parse(cls, raw: object, where: str = "", spell: Callable[[str], str] | None = None) -> Self:
         """``raw`` (a YAML mapping) validated; a problem is :attr:`error_class` naming
         ``where`` (file and key path) and the key path inside ``raw``."""
+        raw = {} if raw is None else raw  # an empty YAML document or section: the defaults
         if not isinstance(raw, Mapping):
             raise cls.error_class(f"{where or cls.label}: expected a mapping of keys "
                                   f"({', '.join(cls.model_fields)}), got {short_repr(raw)}")
@@ -76,6 +85,16 @@ class ConfigModel(BaseModel):
             return cls.model_validate(dict(raw))  # through __init__, which raises error_class
         finally:
             _SOURCE.reset(source)
+
+
+# A size in bytes: an integer or a number with a binary unit ("448MiB", "1.5GiB").
+SizeBytes = Annotated[int, BeforeValidator(size_bytes)]
+
+
+def json_value(value: object) -> object:
+    """``json.dumps``'s ``default``: a model (in a dataclass, e.g. an experiment's
+    scenario) as its fields, anything else as its text."""
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else str(value)
 
 
 # -- messages -------------------------------------------------------------------------
@@ -92,12 +111,18 @@ def _field_model(annotation: object) -> type[BaseModel] | None:
     return None
 
 
+def _keys(model: type[BaseModel]) -> dict[str, FieldInfo]:
+    """A model's fields by the key a file writes (``size`` for ``size_bytes``)."""
+    return {info.validation_alias if isinstance(info.validation_alias, str) else name: info
+            for name, info in model.model_fields.items()}
+
+
 def _model_at(model: type[BaseModel], loc: Sequence[int | str]) -> type[BaseModel] | None:
     """The model that holds the keys at ``loc`` (list indexes skipped)."""
     for part in loc:
         if isinstance(part, int):
             continue
-        info = model.model_fields.get(part)
+        info = _keys(model).get(part)
         found = _field_model(info.annotation) if info is not None else None
         if found is None:
             return None
@@ -118,17 +143,28 @@ def key_path(loc: Sequence[int | str], spell: Callable[[str], str] | None = None
     return text
 
 
-def _problem(error: Mapping[str, Any], model: type[BaseModel], subject: str) -> str:
+# What pydantic's type errors expect, in the words of a YAML file.
+_EXPECTED = {
+    "bool_type": "true or false", "int_type": "an integer", "int_from_float": "an integer",
+    "float_type": "a number", "string_type": "text", "model_type": "a mapping of keys to values",
+    "dict_type": "a mapping of keys to values", "tuple_type": "a list", "list_type": "a list",
+}
+
+
+def _problem(error: Mapping[str, Any], model: type[BaseModel]) -> str:
     """What is wrong and the fix, for one of pydantic's error entries."""
     kind, loc, given = error["type"], error["loc"], error.get("input")
     if kind == "extra_forbidden":
         holder = _model_at(model, loc[:-1])
-        allowed = sorted(holder.model_fields) if holder is not None else []
+        allowed = sorted(_keys(holder)) if holder is not None else []
         close = close_match(str(loc[-1]), allowed)
         fix = f"did you mean {close!r}?" if close else f"allowed keys: {', '.join(allowed)}"
         return f"unknown key {short_repr(str(loc[-1]))}; {fix}"
     if kind == "missing":
-        return f"{subject} needs {key_path(loc)}".strip()
+        holder = _model_at(model, loc[:-1])
+        info = _keys(holder).get(str(loc[-1])) if holder is not None else None
+        hint = f" ({info.description})" if info is not None and info.description else ""
+        return f"missing {str(loc[-1])!r}{hint}"
     if kind in ("value_error", "assertion_error"):
         return str(error["ctx"]["error"])  # the validator's own words: value and fix
     if kind == "literal_error":
@@ -136,8 +172,16 @@ def _problem(error: Mapping[str, Any], model: type[BaseModel], subject: str) -> 
         close = close_match(str(given), choices) if isinstance(given, str) else None
         fix = f" (did you mean {close!r}?)" if close else ""
         return f"expected one of {', '.join(choices)}, got {short_repr(given)}{fix}"
-    expected = str(error["msg"]).removeprefix("Input should be ")
+    expected = _EXPECTED.get(kind) or str(error["msg"]).removeprefix("Input should be ")
     return f"expected {expected}, got {short_repr(given)}"
+
+
+def _join(where: str, path: str) -> str:
+    """``t.yaml: guest.vcpus`` or ``t.yaml: workloads[0].inject[1].dpa``: a file's key path
+    starts after ``: ``, and goes on after a ``where`` that already holds one."""
+    if not where or not path:
+        return where or path
+    return f"{where}.{path}" if ": " in where else f"{where}: {path}"
 
 
 def validation_message(
@@ -145,18 +189,16 @@ def validation_message(
     spell: Callable[[str], str] | None = None,
 ) -> str:
     """One line for ``error`` (the first problem; an unknown key first, since it often
-    explains a missing one): ``where`` (or the model's label), the key path, the bad
-    value and the fix."""
+    explains a missing one): ``where`` (a file and key path; else the model's label),
+    the key path, the bad value and the fix."""
     problems = sorted(error.errors(), key=lambda e: e["type"] != "extra_forbidden")
     first = problems[0]
     label = str(getattr(model, "label", "") or getattr(model, "kind", "")) or model.__name__
-    loc = first["loc"]
-    if first["type"] == "missing":
-        return f"{where}: {_problem(first, model, label)}" if where else _problem(first, model, label)
-    path = key_path(loc[:-1] if first["type"] == "extra_forbidden" else loc, spell)
-    place = f"{where}.{path}" if where and path else where or f"{label} {path}".strip()
+    keys = first["loc"][:-1] if first["type"] in ("extra_forbidden", "missing") else first["loc"]
+    path = key_path(keys, spell)
+    place = _join(where, path) if where else f"{label} {path}".strip()
     more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
-    return f"{place}: {_problem(first, model, label)}{more}"
+    return f"{place}: {_problem(first, model)}{more}"
 
 
 # -- command-line options generated from the fields -----------------------------------

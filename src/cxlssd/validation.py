@@ -19,10 +19,10 @@ _SIZE_RE = re.compile(r"^\s*(\d{1,19}(?:\.\d{1,9})?)\s*([A-Za-z]{0,3})\s*$")
 _MATCH_MAX_CHARS = 100  # difflib is quadratic: no suggestion for longer words
 
 
-def parse_size(value: object, key: str, *, minimum_bytes: int = 1) -> int:
+def size_bytes(value: object, minimum_bytes: int = 1) -> int:
     """Bytes from an int or a string such as ``"448MiB"``, ``"1.5GiB"`` or ``"4096"``: a
-    whole number of bytes, at least ``minimum_bytes``. A :class:`ConfigError` naming
-    ``key`` otherwise."""
+    whole number of bytes, at least ``minimum_bytes``. A :class:`ValueError` saying the
+    value and the fix otherwise (a model's validator: the model adds the key)."""
     size: Fraction | int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
         size = value
@@ -30,11 +30,19 @@ def parse_size(value: object, key: str, *, minimum_bytes: int = 1) -> int:
         unit = SIZE_UNITS.get(match.group(2).lower())
         size = None if unit is None else Fraction(match.group(1)) * unit
     if size is None or size.denominator != 1:
-        raise ConfigError(f"{key}: {short_repr(value)} is not a size; write a whole number of bytes, "
-                          "or a number with KiB/MiB/GiB/TiB, e.g. 448MiB or 1.5GiB")
+        raise ValueError(f"{short_repr(value)} is not a size; write a whole number of bytes, "
+                         "or a number with KiB/MiB/GiB/TiB, e.g. 448MiB or 1.5GiB")
     if size < minimum_bytes:
-        raise ConfigError(f"{key}: size must be at least {minimum_bytes} bytes, got {short_repr(value)}")
+        raise ValueError(f"size must be at least {minimum_bytes} bytes, got {short_repr(value)}")
     return int(size)
+
+
+def parse_size(value: object, key: str, *, minimum_bytes: int = 1) -> int:
+    """:func:`size_bytes`, or a :class:`ConfigError` naming ``key``."""
+    try:
+        return size_bytes(value, minimum_bytes)
+    except ValueError as error:
+        raise ConfigError(f"{key}: {error}") from None
 
 
 def format_size(size_bytes: int) -> str:

@@ -278,7 +278,7 @@ def _with_inject(*entries: dict[str, Any]) -> dict[str, Any]:
         (_with_inject({"kind": "poison", "dpa": 0}), "needs one of after_s"),
         (_with_inject({"at": "middle", "kind": "poison", "dpa": 0}), "expected start or end"),
         (_with_inject({"after_s": -1, "kind": "poison", "dpa": 0}), "after_s: expected 0..3600"),
-        (_with_inject({"at": "end", "kind": "poison"}), "poison needs dpa"),
+        (_with_inject({"at": "end", "kind": "poison"}), "inject[0]: missing 'dpa' (device physical address"),
         (_with_inject({"at": "end", "kind": "poison", "dpa": 0, "lenght": 64}), "did you mean 'length'"),
         (_with_inject({"at": "end", "kind": "poison", "dpa": 0x1001}), "not 64-byte aligned"),
         (_with_inject({"at": "end", "kind": "poison", "dpa": 0x40000000}), "outside device 0"),

@@ -94,7 +94,7 @@ def test_a_spike_lasts_its_modelled_duration_from_the_first_request_it_applies_t
     [
         ({"kind": "flash-latency"}, "needs at least one"),
         ({"kind": "flash-latency", "read_ns": 0}, "read_ns: 0 is out of range: give a whole number of ns"),
-        ({"kind": "flash-latency", "read_ns": 2.5}, "read_ns: expected a valid integer, got 2.5"),
+        ({"kind": "flash-latency", "read_ns": 2.5}, "read_ns: expected an integer, got 2.5"),
         ({"kind": "link-latency", "extra_ns": -1}, "extra_ns: -1 is out of range"),
         ({"kind": "latency-spike", "extra_ns": 100, "duration_ms": 0}, "duration_ms: 0.0 is out of range"),
         ({"kind": "latency-spike", "extra_ns": 100, "duration_ms": 5, "colour": 1},

@@ -56,6 +56,9 @@ def test_shipped_configs_load() -> None:
     [
         ({"gust": {}}, "unknown key 'gust'; did you mean 'guest'"),
         ({"guest": {"vcpu": 2}}, "did you mean 'vcpus'"),
+        ({"guest": {"dramm": "1GiB"}}, "test.yaml: guest: unknown key 'dramm'; did you mean 'dram'?"),
+        ({"guest": {"dram": "2GB"}}, "test.yaml: guest.dram: '2GB' is not a size"),
+        ({"cpu": {"cpi": True}}, "test.yaml: cpu.cpi: expected a number, got True"),
         ({"guest": {"vcpus": 0}}, "guest.vcpus: must be positive"),
         ({"cpu": {"string_bytes_per_insn": 0}}, "cpu.string_bytes_per_insn: must be positive"),
         ({"cpu": {"string_bytes_per_insn": 8192}}, "at most 4096"),
@@ -67,7 +70,7 @@ def test_shipped_configs_load() -> None:
         ({"cxl_devices": [{}]}, "missing 'size'"),
         ({"cxl_devices": []}, "non-empty list"),
         ({"cxl_devices": [{"size": "1GiB", "kind": "pmem"}]}, "unknown key 'kind'"),
-        ({"name": "bad name!"}, "name 'bad name!'"),
+        ({"name": "bad name!"}, "name: 'bad name!' must be 1-32 letters"),
         ({"cxl_devices": [{"size": "1GiB", "dynamic_capacity": {"region": 1}}]},
          "dynamic_capacity: unknown key 'region'; did you mean 'regions'"),
         ({"cxl_devices": [{"size": "1GiB", "dynamic_capacity": {"regions": 2}}]}, "missing 'size'"),

@@ -106,13 +106,13 @@ def test_explicit_addresses_are_kept_and_the_others_fill_in() -> None:
         (_pair(subnet="10.77.0.0/31"), "prefix length from /8 to /30"),
         (_pair(subnet="10.77.0.0/30"), "has no room for 2 guests"),
         (_pair(subnet=77), "expected an IPv4 subnet"),
-        (_pair(mode="tap"), "network.mode: 'tap' is not one of user, bridge"),
+        (_pair(mode="tap"), "network.mode: expected one of user, bridge, got 'tap'"),
         ({"network": {"mode": "user", "subnet": "10.77.0.0/24"}}, "only a bridge network has a subnet"),
         ({"network": {"mode": "bridge", "subnets": "x"}}, "unknown key 'subnets'; did you mean 'subnet'?"),
         ({"guests": [{"name": "a", "dram": "1GiB"}]}, "guests[0]: unknown key 'dram'"),
         ({"guests": [{"name": "a", "design": "skybyte-ful"}]}, "did you mean 'skybyte-full'?"),
         ({"guests": [{"guest": {"dram": "1GiB"}}]}, "guests[0]: missing 'name'"),
-        ({"guests": [{"name": "a b"}]}, "guests[0]: name 'a b' must be 1-32 letters"),
+        ({"guests": [{"name": "a b"}]}, "guests[0].name: 'a b' must be 1-32 letters"),
         ({"guests": [{"name": "a", "cxl_devices": [{"size": "100MiB"}]}]}, "not a multiple of 256MiB"),
         ({"guests": []}, "guests must be a non-empty list"),
         ({"guests": [{"name": "a", "address": "10.77.0.9"}]}, "only guests on a bridge network"),
@@ -182,8 +182,8 @@ def test_subnet_overlapping_a_host_address_or_route_is_refused() -> None:
     taken = private[0]
     subnet = ipaddress.IPv4Network((taken.ip, 30), strict=False)
     with pytest.raises(ConfigError, match=r"overlaps the host's (address|route)"):
-        check_subnet_free(NetworkConfig("bridge", subnet), "p.yaml")
-    check_subnet_free(NetworkConfig("bridge"), "p.yaml")  # the default 10.77.0.0/24 is free here
+        check_subnet_free(NetworkConfig(mode="bridge", subnet=subnet), "p.yaml")
+    check_subnet_free(NetworkConfig(mode="bridge"), "p.yaml")  # the default 10.77.0.0/24 is free here
 
 
 def _subnet_verdicts(subnets: list[str]) -> list[str]:
@@ -198,7 +198,7 @@ def _subnet_verdicts(subnets: list[str]) -> list[str]:
     verdicts = []
     for subnet in subnets:
         try:
-            check_subnet_free(NetworkConfig("bridge", ipaddress.IPv4Network(subnet)), "p.yaml")
+            check_subnet_free(NetworkConfig(mode="bridge", subnet=ipaddress.IPv4Network(subnet)), "p.yaml")
             verdicts.append("free")
         except ConfigError as error:
             verdicts.append(str(error))
@@ -251,7 +251,7 @@ def _bridge_ports_and_routes() -> tuple[int, dict[str, int], list[tuple[str, int
 
 def _network(run_name: str = "unit-000000") -> GuestNetwork:
     return GuestNetwork(
-        run_name, NetworkConfig("bridge"),
+        run_name, NetworkConfig(mode="bridge"),
         [("a", ipaddress.IPv4Interface("10.77.0.2/24")), ("b", ipaddress.IPv4Interface("10.77.0.3/24"))],
     )
 
