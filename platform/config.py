@@ -229,6 +229,7 @@ def _instance_name(name: object) -> str:
 
 class PlatformConfig(ConfigModel):
     label: ClassVar[str] = "platform config"
+    reader_fields: ClassVar[frozenset[str]] = frozenset({"source"})
     name: Annotated[StrictStr, AfterValidator(_instance_name)] = Field(
         default="default", description="instance name prefix (letters, digits, - and _)"
     )
@@ -260,8 +261,8 @@ class PlatformConfig(ConfigModel):
         return self.guest.dram_bytes + self.cxl_total_bytes
 
 
-# The keys of a platform file's guest (not "source": that is the reader's)
-PLATFORM_KEYS = frozenset(PlatformConfig.model_fields) - {"source"}
+# The keys of a platform file's guest
+PLATFORM_KEYS = frozenset(PlatformConfig.model_fields) - PlatformConfig.reader_fields
 
 
 def _mapping(value: object, where: str) -> dict[str, Any]:
@@ -519,3 +520,10 @@ def load_multi_config(path: Path | None = None) -> MultiPlatformConfig:
     """Read and validate a platform file of either form (the default one if ``path`` is None)."""
     path = path or DEFAULT_CONFIG
     return multi_config_from_dict(read_yaml(path, "platform config"), str(path))
+
+
+# The sections of a platform file, for its reference (docs/platform.md, generated)
+SECTIONS: dict[str, type[ConfigModel]] = {
+    "(top)": PlatformConfig, "guest": GuestConfig, "cpu": CpuConfig, "cxl_devices[]": CxlDeviceConfig,
+    "cxl_devices[].dynamic_capacity": DynamicCapacityConfig, "network": NetworkConfig,
+}

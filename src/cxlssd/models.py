@@ -20,13 +20,15 @@ import types
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from ipaddress import IPv4Network
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
 from cxlssd.errors import ConfigError, CxlssdError
-from cxlssd.validation import close_match, size_bytes
+from cxlssd.validation import close_match, format_size, size_bytes
 from cxlssd.yamlfile import short_repr
 
 # How deep model construction is nested: only the outermost construction turns a
@@ -53,6 +55,8 @@ class ConfigModel(BaseModel):
     #: what messages call an instance when no file or key path is given (default: its
     #: ``kind``, e.g. "poison", if it has one)
     label: ClassVar[str] = ""
+    #: fields the reader sets, not keys of the file (a config's source)
+    reader_fields: ClassVar[frozenset[str]] = frozenset()
 
     @model_validator(mode="before")
     @classmethod
@@ -392,6 +396,15 @@ def cli_spelling(model: type[BaseModel]) -> Callable[[str], str]:
 # -- reference documentation generated from the fields --------------------------------
 
 
+_SIZE_TYPE = "size (bytes, or with KiB/MiB/GiB/TiB)"
+
+
+def _is_size(info: FieldInfo) -> bool:
+    """Whether the field is a :data:`SizeBytes` (pydantic keeps its validators in the
+    field's metadata)."""
+    return any(isinstance(m, BeforeValidator) and m.func is size_bytes for m in info.metadata)
+
+
 def _type_name(annotation: object) -> str:
     """How a reader writes a value of ``annotation``: ``integer``, ``list of integer``."""
     while typing.get_origin(annotation) is typing.Annotated:
@@ -404,22 +417,66 @@ def _type_name(annotation: object) -> str:
     if origin is Literal:
         return " \\| ".join(str(a) for a in arguments)
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return "{" + ", ".join(annotation.model_fields) + "}"
-    names = {int: "integer", float: "number", str: "name", bool: "true/false"}
+        return "{" + ", ".join(_keys(annotation)) + "}"
+    names = {int: "integer", float: "number", str: "name", bool: "true/false", IPv4Network: "IPv4 subnet"}
     return names.get(annotation, str(annotation)) if isinstance(annotation, type) else str(annotation)
 
 
-def reference_table(models: Mapping[str, type[BaseModel]]) -> str:
-    """A Markdown table of every field of ``models`` (by kind): its YAML key and CLI
-    option, type, default and description, for the docs (a test keeps them current)."""
-    rows = ["| kind | key | option | type | default | description |", "| --- | --- | --- | --- | --- | --- |"]
+def _name_of(model: type[BaseModel], info: FieldInfo) -> str:
+    return next(name for name, i in model.model_fields.items() if i is info)
+
+
+def _value_text(value: object, info: FieldInfo) -> str:
+    """A default as a file writes it: sizes with their unit, models by their keys."""
+    if isinstance(value, BaseModel):
+        fields = _keys(type(value)).items()
+        shown = [f"{key}: {_value_text(getattr(value, _name_of(type(value), i)), i)}" for key, i in fields
+                 if getattr(value, _name_of(type(value), i)) is not None]
+        return "{" + ", ".join(shown) + "}"
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_value_text(item, info) for item in value) + "]"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return format_size(value) if _is_size(info) and isinstance(value, int) else str(value)
+
+
+def _default_text(info: FieldInfo) -> str:
+    if info.is_required():
+        return "required"
+    default = info.get_default(call_default_factory=True)
+    if isinstance(default, BaseModel):
+        return "its defaults (below)"
+    return "—" if default is None or default == () else f"`{_value_text(default, info)}`"
+
+
+def reference_table(models: Mapping[str, type[ConfigModel]], options: bool = True) -> str:
+    """A Markdown table of every key of ``models`` (by kind or section): its key in a
+    file, its CLI option (``options``), type, default and description, for the docs
+    (a test keeps them current)."""
+    head = ["kind", "key", *(["option"] if options else []), "type", "default", "description"]
+    rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for kind, model in models.items():
-        for name, info in model.model_fields.items():
-            default = info.get_default()
-            shown = "required" if info.is_required() else "—" if default is None or default == () else (
-                f"`{default}`")
-            options = ", ".join(f"`{option}`" for option in options_of(name, info))
+        for key, info in _keys(model).items():
+            name = _name_of(model, info)
+            if name in model.reader_fields:
+                continue
+            cells = [f"`{kind}`", f"`{key}`"]
+            if options:
+                cells.append(", ".join(f"`{option}`" for option in options_of(name, info)))
             text = (info.description or "").replace("|", "\\|")
-            kind_type = _type_name(info.annotation)
-            rows.append(f"| `{kind}` | `{name}` | {options} | {kind_type} | {shown} | {text} |")
+            type_text = _SIZE_TYPE if _is_size(info) else _type_name(info.annotation)
+            cells += [type_text, _default_text(info), text]
+            rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
+
+
+def generated_section(path: Path, name: str, text: str, update: bool = False) -> bool:
+    """Whether the part of doc ``path`` between ``<!-- generated: NAME -->`` and
+    ``<!-- end generated: NAME -->`` is ``text``; with ``update``, make it so."""
+    begin, end = f"<!-- generated: {name} -->\n", f"<!-- end generated: {name} -->"
+    before, rest = path.read_text().split(begin)
+    current, after = rest.split(end)
+    if current != text and update:
+        path.write_text(before + begin + text + end + after)
+        return True
+    return current == text

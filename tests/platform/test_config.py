@@ -3,13 +3,16 @@ a dynamic capacity device reaches QEMU's command line."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from cxlssd.errors import ConfigError
+from cxlssd.models import generated_section, reference_table
 from cxlssd.platform.config import (
     CONFIG_DIR,
+    SECTIONS,
     DynamicCapacityConfig,
     GiB,
     MiB,
@@ -127,3 +130,10 @@ def test_dynamic_capacity_reaches_the_qemu_device() -> None:
     assert "cxl-fmw.0.targets.0=cxl.0,cxl-fmw.0.size=1024M" in argv
     plain = _argv("default.yaml")
     assert not any("dc-memdev" in a or "cxl-dc" in a for a in plain)
+
+
+def test_the_docs_key_reference_is_generated_from_the_models() -> None:
+    doc = Path(__file__).resolve().parents[2] / "docs" / "platform.md"
+    assert generated_section(doc, "platform config", reference_table(SECTIONS, options=False),
+                             update=bool(os.environ.get("CXLSSD_UPDATE_DOCS"))), (
+        "docs/platform.md's key reference is stale: rerun with CXLSSD_UPDATE_DOCS=1")

@@ -30,7 +30,7 @@ from cxlssd.errors import ConfigError
 from cxlssd.experiments.observe import enable_cxl_tracing, trace_fields, trace_lines, wait_for_trace
 from cxlssd.firmware.knobs import DieFault, FlushThrottle, GcStorm
 from cxlssd.lifecycle import ProcessId
-from cxlssd.models import options_of, reference_table
+from cxlssd.models import generated_section, options_of, reference_table
 from cxlssd.paths import runtime_root
 from cxlssd.platform.config import CONFIG_DIR, load_config
 from cxlssd.platform.inject import (
@@ -349,19 +349,11 @@ def test_the_generated_options_build_the_same_model_as_python(options: list[str]
     assert build_injection(args) == expected
 
 
-INJECT_DOC = Path(__file__).resolve().parents[2] / "docs" / "inject.md"
-_GENERATED = ("<!-- generated from the models: inject fields -->\n", "<!-- end of generated fields -->")
-
-
 def test_the_docs_field_reference_is_generated_from_the_models() -> None:
-    text = INJECT_DOC.read_text()
-    before, rest = text.split(_GENERATED[0])
-    current, after = rest.split(_GENERATED[1])
-    expected = reference_table(COMMANDS)
-    if current != expected and os.environ.get("CXLSSD_UPDATE_DOCS"):
-        INJECT_DOC.write_text(before + _GENERATED[0] + expected + _GENERATED[1] + after)
-        current = expected
-    assert current == expected, "docs/inject.md's field reference is stale: rerun with CXLSSD_UPDATE_DOCS=1"
+    doc = Path(__file__).resolve().parents[2] / "docs" / "inject.md"
+    assert generated_section(doc, "inject fields", reference_table(COMMANDS),
+                             update=bool(os.environ.get("CXLSSD_UPDATE_DOCS"))), (
+        "docs/inject.md's field reference is stale: rerun with CXLSSD_UPDATE_DOCS=1")
 
 
 # -- a real QEMU, paused (no guest): every kind is accepted, QEMU's refusals surface ----
