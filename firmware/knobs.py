@@ -97,8 +97,6 @@ class _Knob(ConfigModel):
 
     error_class: ClassVar[type[CxlssdError]] = InputError
     kind: ClassVar[str]
-    # Fields of which exactly one is given on the command line (cxlssd.models.add_options)
-    cli_one_of: ClassVar[tuple[tuple[str, ...], ...]] = ()
 
 
 class FlashLatency(_Knob):

@@ -57,6 +57,8 @@ class ConfigModel(BaseModel):
     label: ClassVar[str] = ""
     #: fields the reader sets, not keys of the file (a config's source)
     reader_fields: ClassVar[frozenset[str]] = frozenset()
+    #: groups of fields of which the command line takes exactly one (add_options)
+    cli_one_of: ClassVar[tuple[tuple[str, ...], ...]] = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -82,8 +84,8 @@ class ConfigModel(BaseModel):
         ``where`` (file and key path) and the key path inside ``raw``."""
         raw = {} if raw is None else raw  # an empty YAML document or section: the defaults
         if not isinstance(raw, Mapping):
-            raise cls.error_class(f"{where or cls.label}: expected a mapping of keys "
-                                  f"({', '.join(cls.model_fields)}), got {short_repr(raw)}")
+            raise cls.error_class(f"{where or _label(cls)}: expected a mapping of keys "
+                                  f"({', '.join(_keys(cls))}), got {short_repr(raw)}")
         source = _SOURCE.set((where, spell))
         try:
             return cls.model_validate(dict(raw))  # through __init__, which raises error_class
@@ -102,6 +104,11 @@ def json_value(value: object) -> object:
 
 
 # -- messages -------------------------------------------------------------------------
+
+
+def _label(model: type[BaseModel]) -> str:
+    """What messages call the model: its label, else its kind, else its class name."""
+    return str(getattr(model, "label", "") or getattr(model, "kind", "")) or model.__name__
 
 
 def _field_model(annotation: object) -> type[BaseModel] | None:
@@ -197,10 +204,9 @@ def validation_message(
     the key path, the bad value and the fix."""
     problems = sorted(error.errors(), key=lambda e: e["type"] != "extra_forbidden")
     first = problems[0]
-    label = str(getattr(model, "label", "") or getattr(model, "kind", "")) or model.__name__
     keys = first["loc"][:-1] if first["type"] in ("extra_forbidden", "missing") else first["loc"]
     path = key_path(keys, spell)
-    place = _join(where, path) if where else f"{label} {path}".strip()
+    place = _join(where, path) if where else f"{_label(model)} {path}".strip()
     more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
     return f"{place}: {_problem(first, model)}{more}"
 
@@ -261,11 +267,11 @@ def options_of(name: str, info: FieldInfo) -> list[str]:
     options += [preset for preset, _ in cli.presets]
     item = _field_model(info.annotation) if cli.item_key is not None else None
     if item is not None:
-        options += [flag_of(sub, sub_info) for sub, sub_info in _fields(item) if sub != cli.item_key]
+        options += [flag_of(sub, i) for sub, i in item.model_fields.items() if sub != cli.item_key]
     return options
 
 
-def number(text: str) -> int:
+def _number(text: str) -> int:
     """An integer from the command line: decimal, or hex as ``0x...``."""
     try:
         return int(text, 0)
@@ -273,9 +279,9 @@ def number(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number (decimal, or hex as 0x...)") from None
 
 
-def numbers(text: str) -> tuple[int, ...]:
+def _numbers(text: str) -> tuple[int, ...]:
     """Comma-separated integers: ``1,0x2,3``."""
-    return tuple(number(part) for part in text.split(",") if part)
+    return tuple(_number(part) for part in text.split(",") if part)
 
 
 def _decimal(text: str) -> float:
@@ -297,55 +303,48 @@ def _base_type(annotation: object) -> object:
     return annotation
 
 
-def _option(name: str, info: FieldInfo) -> tuple[dict[str, Any], Sequence[str]]:
-    """argparse keywords for field ``name`` and the choices of a Literal."""
+def _option(name: str, info: FieldInfo) -> dict[str, Any]:
+    """argparse keywords for field ``name`` (given: the model's default applies)."""
     cli = _cli(info)
     base = _base_type(info.annotation)
     keywords: dict[str, Any] = {"dest": name, "default": None}
-    choices: Sequence[str] = ()
     if base is bool:
         # A switch that flips the default (--not-repairable, --no-volatile)
         keywords["action"] = "store_false" if info.default is True else "store_true"
-        return keywords, choices
+        return keywords
     if typing.get_origin(base) is Literal:
-        choices = [str(c) for c in typing.get_args(base)]
-        keywords["choices"] = choices
+        keywords["choices"] = [str(c) for c in typing.get_args(base)]
     elif cli.parse is not None:
         keywords["type"] = cli.parse
     elif base is int:
-        keywords["type"] = number
+        keywords["type"] = _number
     elif base is float:
         keywords["type"] = _decimal
     elif typing.get_origin(base) is tuple:
-        keywords["type"], keywords["metavar"] = numbers, "N,N,..."
+        keywords["type"], keywords["metavar"] = _numbers, "N,N,..."
     if cli.metavar:
         keywords["metavar"] = cli.metavar
     if cli.repeat:
         keywords["action"] = "append"
-    return keywords, choices
+    return keywords
 
 
 def _help(info: FieldInfo) -> str:
     text = info.description or ""
     default = info.get_default()
     if not info.is_required() and not (default is None or isinstance(default, bool) or default == ()):
-        text += f" (default {default:#x})" if isinstance(default, int) and default >= 4096 else (
-            f" (default {default})")
-    return text.replace("%", "%%")
-
-
-def _fields(model: type[BaseModel]) -> Iterator[tuple[str, FieldInfo]]:
-    return iter(model.model_fields.items())
+        text += f" (default {default})"
+    return text.replace("%", "%%")  # argparse formats help with %
 
 
 def add_options(parser: argparse.ArgumentParser, model: type[ConfigModel]) -> None:
     """One option per field of ``model`` (see :class:`Cli`); the fields of each group of
     ``model.cli_one_of`` become a required choice of exactly one of their options."""
     groups: dict[str, Any] = {}
-    for names in getattr(model, "cli_one_of", ()):
+    for names in model.cli_one_of:
         group = parser.add_mutually_exclusive_group(required=True)
         groups.update(dict.fromkeys(names, group))
-    for name, info in _fields(model):
+    for name, info in model.model_fields.items():
         target = groups.get(name, parser)
         cli = _cli(info)
         required = info.is_required() and name not in groups
@@ -353,18 +352,18 @@ def add_options(parser: argparse.ArgumentParser, model: type[ConfigModel]) -> No
             item = _field_model(info.annotation)
             assert item is not None, f"{model.__name__}.{name}: item_key needs a tuple of models"
             key_info = item.model_fields[cli.item_key]
-            keywords, _ = _option(cli.item_key, key_info)
+            keywords = _option(cli.item_key, key_info)
             keywords.update(dest=name, action="append", metavar=cli.metavar or keywords.get("metavar"))
             target.add_argument(flag_of(name, info), required=required, help=_help(key_info) + "; repeatable",
                                 **keywords)
-            for sub, sub_info in _fields(item):
+            for sub, sub_info in item.model_fields.items():
                 if sub != cli.item_key:
-                    keywords, _ = _option(sub, sub_info)
+                    keywords = _option(sub, sub_info)
                     parser.add_argument(flag_of(sub, sub_info), **{**keywords, "dest": f"{name}.{sub}"},
                                         help=_help(sub_info) + f" (each {flag_of(name, info)})")
             continue
         if cli.flag != "":
-            keywords, _ = _option(name, info)
+            keywords = _option(name, info)
             target.add_argument(flag_of(name, info), required=required, help=_help(info), **keywords)
         for preset, value in cli.presets:
             target.add_argument(preset, dest=name, action="store_const", const=value,
@@ -375,7 +374,7 @@ def options_input(args: argparse.Namespace, model: type[ConfigModel]) -> dict[st
     """The model's input from the parsed options: those given (the model's defaults
     apply to the others)."""
     given: dict[str, Any] = {}
-    for name, info in _fields(model):
+    for name, info in model.model_fields.items():
         value = getattr(args, name, None)
         if value is None:
             continue
