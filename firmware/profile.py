@@ -1,26 +1,40 @@
 """Device profiles: YAML files naming every parameter of a modelled device.
 
 ``profiles/base-cssd.yaml`` is the complete schema with SkyByte's defaults; every
-other profile ``extends`` one and changes some keys. :func:`load_profile` resolves
-the chain, applies ``key=value`` overrides (dotted keys, e.g. ``cache.ways=8``),
-type-checks every key against the schema, fills flash timings from the NAND preset
-and checks that the geometry is possible. Any mistake is a
-:class:`~cxlssd.errors.ConfigError` that names the key and the fix.
+other profile ``extends`` one and changes some keys. The schema is a configuration
+model (:func:`profile_model`, made from that file: a key's type is its default's,
+``*_bytes`` keys are sizes, ``null`` defaults are optional integers), so every layer
+(a profile file, the ``key=value`` overrides with dotted keys such as
+``cache.ways=8``) is checked by it with the same messages as every other
+configuration. :func:`load_profile` resolves the chain, applies the overrides, fills
+flash timings from the NAND preset and checks that the geometry is possible. Any
+mistake is a :class:`~cxlssd.errors.ConfigError` that names the key and the fix.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    create_model,
+)
 
 from cxlssd.abi.protocol import TASK_SCHEDULERS
 from cxlssd.errors import ConfigError
 from cxlssd.firmware.request import LINES_PER_PAGE, PAGE_BYTES
-from cxlssd.validation import did_you_mean, parse_size
+from cxlssd.models import ConfigModel
+from cxlssd.validation import did_you_mean, size_bytes
 from cxlssd.yamlfile import read_yaml
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
@@ -77,48 +91,74 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _schema() -> dict[str, Any]:
+@functools.cache
+def _base_tree() -> dict[str, Any]:
+    """The base profile's keys and defaults: the schema of every profile (not to be changed)."""
     data = _read_yaml(PROFILE_DIR / f"{BASE_PROFILE}.yaml")
     data.pop("extends", None)
-    return flatten(data)
+    return data
 
 
-def _check_value(key: str, value: Any, default: Any) -> Any:
-    """``value`` converted to the type of the schema's ``default`` for ``key``."""
-    if key.endswith("_bytes"):
-        return parse_size(value, key, minimum_bytes=0)
-    if value is None:
-        if default is None:
-            return None
-        raise ConfigError(f"{key} cannot be null; give a value like {default!r}")
-    if default is None or (isinstance(default, int) and not isinstance(default, bool)):
-        # nullable keys (flash timings) and integer keys take integers
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key} must be an integer, got {value!r}")
-        return value
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key} must be true or false, got {value!r}")
-        return value
-    if isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{key} must be a number, got {value!r}")
-        return float(value)
-    if not isinstance(value, str):
-        raise ConfigError(f"{key} must be a string, got {value!r}")
+def _not_negative(value: int | float | None) -> int | float | None:
+    if value is not None and value < 0:
+        raise ValueError(f"must not be negative, got {value}")
     return value
 
 
-def _apply(
-    flat: dict[str, Any], updates: Mapping[str, Any], schema: dict[str, Any], where: str
-) -> None:
-    for key, value in updates.items():
-        if key not in schema:
-            raise ConfigError(
-                f"unknown profile key {key!r} in {where}{did_you_mean(key, list(schema))}; "
-                f"see docs/firmware.md for the keys"
-            )
-        flat[key] = _check_value(key, value, schema[key])
+# Keys whose value is a size, a time or a count: never negative.
+_NON_NEGATIVE_SUFFIXES = ("_bytes", "_ns", "_threshold", "_accesses")
+
+
+def _key_type(key: str, default: object) -> object:
+    """A key's type, from its name and the base profile's default."""
+    if key.endswith("_bytes"):  # a size, 0 allowed (an empty log)
+        kind: object = Annotated[int, BeforeValidator(functools.partial(size_bytes, minimum_bytes=0))]
+    elif default is None:  # a flash timing: null takes the preset's
+        kind = StrictInt | None
+    else:
+        kind = {bool: StrictBool, int: StrictInt, float: StrictFloat, str: StrictStr}[type(default)]
+    return Annotated[kind, AfterValidator(_not_negative)] if key.endswith(_NON_NEGATIVE_SUFFIXES) else kind
+
+
+def _section_model(name: str, tree: Mapping[str, Any]) -> type[ConfigModel]:
+    fields: dict[str, Any] = {}
+    for key, default in tree.items():
+        if isinstance(default, Mapping):
+            fields[key] = (_section_model(f"{name}.{key}", default), None)
+        else:
+            fields[key] = (_key_type(key, default), default)
+    return create_model(name, __base__=ConfigModel, **fields)
+
+
+@functools.cache
+def profile_model() -> type[ConfigModel]:
+    """The model of a profile (or of some of its keys), made from the base profile."""
+    return _section_model("profile", _base_tree())
+
+
+def _nested(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"a.b": 1}`` -> ``{"a": {"b": 1}}``; a key given as a section and a value stays
+    the value (the model then says it is not a mapping)."""
+    tree: dict[str, Any] = {}
+    for dotted, value in flat.items():
+        node = tree
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            node = child if isinstance(child, dict) else {}
+        node[leaf] = value
+    return tree
+
+
+def _apply(flat: dict[str, Any], updates: Mapping[str, Any], where: str, dotted: bool = False) -> None:
+    """Set the dotted keys of ``updates`` in ``flat``, each checked by the profile model
+    (``dotted``: messages spell keys as the overrides do, ``cache.ways``)."""
+    checked = profile_model().parse(_nested(updates), where, dotted=dotted)
+    for key in updates:
+        value: Any = checked
+        for part in key.split("."):
+            value = getattr(value, part)
+        flat[key] = value
 
 
 def _resolve_chain(name: str, seen: tuple[str, ...] = ()) -> tuple[dict[str, Any], list[str]]:
@@ -128,14 +168,13 @@ def _resolve_chain(name: str, seen: tuple[str, ...] = ()) -> tuple[dict[str, Any
     path = _profile_path(name)
     data = _read_yaml(path)
     parent = data.pop("extends", None)
-    schema = _schema()
     if parent is None:
-        flat = {key: None for key in schema}
+        flat = dict.fromkeys(flatten(_base_tree()))
         chain = [path.stem]
     else:
         flat, chain = _resolve_chain(str(parent), (*seen, name))
         chain = [*chain, path.stem]
-    _apply(flat, flatten(data), schema, f"profile {path}")
+    _apply(flat, flatten(data), f"profile {path}")
     return flat, chain
 
 
@@ -182,7 +221,7 @@ class Profile:
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> Profile:
         values = copy.deepcopy(self.values)
-        _apply(values, overrides, _schema(), "the overrides")
+        _apply(values, overrides, "the overrides", dotted=True)
         _fill_presets(values, explicit=set(overrides))
         return Profile(self.name, values, self.chain)
 
@@ -234,9 +273,6 @@ def _validate(v: dict[str, Any]) -> None:
     """Reject impossible geometries and out-of-range parameters."""
     _require(v["kind"] in ("cxl-ssd", "dram-only"),
              f"kind must be cxl-ssd or dram-only, got {v['kind']!r}")
-    for key, value in v.items():
-        if key.endswith(("_bytes", "_ns", "_threshold", "_accesses")) and value is not None:
-            _require(value >= 0, f"{key} must not be negative, got {value}")
     cap = v["device.capacity_bytes"]
     _require(
         cap >= PAGE_BYTES and cap % PAGE_BYTES == 0,

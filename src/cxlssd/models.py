@@ -35,11 +35,21 @@ from cxlssd.yamlfile import short_repr
 # ValidationError into the project's error, so a nested model's problem keeps its
 # full key path (pydantic merges a nested ValidationError into the outer one).
 _DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("cxlssd_model_depth", default=0)
-# Where the input being parsed comes from, and how its keys are spelt there (a file and
-# key path; the CLI's options), for the message of the outermost model.
-_SOURCE: contextvars.ContextVar[tuple[str, Callable[[str], str] | None]] = contextvars.ContextVar(
-    "cxlssd_model_source", default=("", None)
-)
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Where the input being parsed comes from (a file and key path), and how its keys
+    are spelt there: the CLI's options (``spell``), or dotted keys (``cache.ways=8``)."""
+
+    where: str = ""
+    spell: Callable[[str], str] | None = None
+    dotted: bool = False
+
+
+# The source of the input of the outermost model being parsed, for its message.
+_UNNAMED = _Source()
+_SOURCE: contextvars.ContextVar[_Source] = contextvars.ContextVar("cxlssd_model_source", default=_UNNAMED)
 
 
 class ConfigModel(BaseModel):
@@ -73,20 +83,23 @@ class ConfigModel(BaseModel):
         except ValidationError as error:
             if _DEPTH.get() > 1:
                 raise  # pydantic adds it, with its key path, to the outer model's error
-            where, spell = _SOURCE.get()
-            raise self.error_class(validation_message(error, type(self), where, spell)) from None
+            raise self.error_class(validation_message(error, type(self), _SOURCE.get())) from None
         finally:
             _DEPTH.reset(depth)
 
     @classmethod
-    def parse(cls, raw: object, where: str = "", spell: Callable[[str], str] | None = None) -> Self:
+    def parse(
+        cls, raw: object, where: str = "", spell: Callable[[str], str] | None = None, dotted: bool = False
+    ) -> Self:
         """``raw`` (a YAML mapping) validated; a problem is :attr:`error_class` naming
-        ``where`` (file and key path) and the key path inside ``raw``."""
+        ``where`` (file and key path) and the key path inside ``raw`` (spelt by ``spell``;
+        with ``dotted``, an unknown key and its suggestion as the dotted keys the
+        input came as, e.g. overrides)."""
         raw = {} if raw is None else raw  # an empty YAML document or section: the defaults
         if not isinstance(raw, Mapping):
             raise cls.error_class(f"{where or _label(cls)}: expected a mapping of keys "
                                   f"({', '.join(_keys(cls))}), got {short_repr(raw)}")
-        source = _SOURCE.set((where, spell))
+        source = _SOURCE.set(_Source(where, spell, dotted))
         try:
             return cls.model_validate(dict(raw))  # through __init__, which raises error_class
         finally:
@@ -162,15 +175,16 @@ _EXPECTED = {
 }
 
 
-def _problem(error: Mapping[str, Any], model: type[BaseModel]) -> str:
-    """What is wrong and the fix, for one of pydantic's error entries."""
+def _problem(error: Mapping[str, Any], model: type[BaseModel], prefix: str = "") -> str:
+    """What is wrong and the fix, for one of pydantic's error entries (an unknown key and
+    its suggestion after ``prefix``)."""
     kind, loc, given = error["type"], error["loc"], error.get("input")
     if kind == "extra_forbidden":
         holder = _model_at(model, loc[:-1])
-        allowed = sorted(_keys(holder)) if holder is not None else []
-        close = close_match(str(loc[-1]), allowed)
+        allowed = [prefix + key for key in sorted(_keys(holder))] if holder is not None else []
+        close = close_match(prefix + str(loc[-1]), allowed)
         fix = f"did you mean {close!r}?" if close else f"allowed keys: {', '.join(allowed)}"
-        return f"unknown key {short_repr(str(loc[-1]))}; {fix}"
+        return f"unknown key {short_repr(prefix + str(loc[-1]))}; {fix}"
     if kind == "missing":
         holder = _model_at(model, loc[:-1])
         info = _keys(holder).get(str(loc[-1])) if holder is not None else None
@@ -195,20 +209,19 @@ def _join(where: str, path: str) -> str:
     return f"{where}.{path}" if ": " in where else f"{where}: {path}"
 
 
-def validation_message(
-    error: ValidationError, model: type[BaseModel], where: str = "",
-    spell: Callable[[str], str] | None = None,
-) -> str:
+def validation_message(error: ValidationError, model: type[BaseModel], source: _Source = _UNNAMED) -> str:
     """One line for ``error`` (the first problem; an unknown key first, since it often
-    explains a missing one): ``where`` (a file and key path; else the model's label),
-    the key path, the bad value and the fix."""
+    explains a missing one): where it is (the source's file and key path, else the
+    model's label), the key path, the bad value and the fix."""
     problems = sorted(error.errors(), key=lambda e: e["type"] != "extra_forbidden")
     first = problems[0]
     keys = first["loc"][:-1] if first["type"] in ("extra_forbidden", "missing") else first["loc"]
-    path = key_path(keys, spell)
-    place = _join(where, path) if where else f"{_label(model)} {path}".strip()
+    path, prefix = key_path(keys, source.spell), ""
+    if source.dotted and first["type"] == "extra_forbidden":
+        path, prefix = "", f"{path}." if path else ""
+    place = _join(source.where, path) if source.where else f"{_label(model)} {path}".strip()
     more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
-    return f"{place}: {_problem(first, model)}{more}"
+    return f"{place}: {_problem(first, model, prefix)}{more}"
 
 
 # -- command-line options generated from the fields -----------------------------------

@@ -52,7 +52,10 @@ def test_overrides_and_presets() -> None:
     ("overrides", "message"),
     [
         (["cache.wayz=4"], "did you mean 'cache.ways'"),
-        (["cache.ways=many"], "must be an integer"),
+        (["cache.ways=many"], "the overrides: cache.ways: expected an integer, got 'many'"),
+        (["cache=3"], "the overrides: cache: expected a mapping of keys to values, got 3"),
+        (["flash.transfer_ns=-1"], "flash.transfer_ns: must not be negative, got -1"),
+        (["cache.ways=null"], "cache.ways: expected an integer, got None"),
         (["write_log.size_bytes=1GiB"], "larger than ssd_dram.size_bytes"),
         (["write_log.size_bytes=4KiB"], "fewer than 64 entries"),
         (["flash.channels=0"], "flash.channels must be at least 1"),
@@ -76,7 +79,7 @@ def test_unknown_profile_suggests() -> None:
 def test_profile_file_with_unknown_key(tmp_path) -> None:
     path = tmp_path / "mine.yaml"
     path.write_text("extends: base-cssd\ncache:\n  way: 4\n")
-    with pytest.raises(ConfigError, match=r"did you mean 'cache\.ways'"):
+    with pytest.raises(ConfigError, match=r"mine\.yaml: cache: unknown key 'way'; did you mean 'ways'\?"):
         load_profile(str(path))
 
 
