@@ -14,7 +14,6 @@ import json
 import math
 import statistics
 import subprocess
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +21,6 @@ import cxlssd
 from cxlssd.errors import PrerequisiteError
 from cxlssd.experiments.spec import Experiment
 from cxlssd.firmware.profile import load_profile
-from cxlssd.models import json_value
 from cxlssd.platform.config import load_config
 
 if TYPE_CHECKING:  # the figures module imports matplotlib (0.7 s): only when a report is written
@@ -302,7 +300,7 @@ def write_results(experiment: Experiment, rows: dict[str, dict[str, Any]], out_d
     overrides = [f"{k}={v}" for k, v in experiment.overrides.items()]
     ordered = [rows[p.key] for p in experiment.points() if p.key in rows]
     full = {
-        "experiment": {**asdict(experiment), "platform": str(experiment.platform)},
+        "experiment": experiment.model_dump(mode="json", by_alias=True),
         "platform_config": load_config(experiment.platform).model_dump(mode="json"),
         "profiles": {d: load_profile(d, overrides).tree for d in experiment.designs},
         "versions": _versions(),
@@ -310,8 +308,7 @@ def write_results(experiment: Experiment, rows: dict[str, dict[str, Any]], out_d
         "summary": means,
         "points": ordered,
     }
-    # default: the scenario's injections and knobs (models inside the experiment's dataclasses)
-    text = json.dumps(full, indent=1, sort_keys=True, default=json_value)
+    text = json.dumps(full, indent=1, sort_keys=True, default=str)
     (out_dir / "results.json").write_text(text + "\n")
     drawn = write_figures(experiment, table, means, out_dir) if table else []
     missing = [p.key for p in experiment.points() if p.key not in rows]

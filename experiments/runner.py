@@ -40,7 +40,7 @@ from typing import Any, TextIO
 import cxlssd
 from cxlssd.errors import ConfigError, GuestTimeout, InputError
 from cxlssd.experiments.scenario import QmpScenario
-from cxlssd.experiments.spec import Experiment, Point, TraceSource
+from cxlssd.experiments.spec import Experiment, Point, TraceWorkload
 from cxlssd.firmware.profile import load_profile
 from cxlssd.firmware.replay import replay_file
 from cxlssd.firmware.synth import generate
@@ -228,7 +228,7 @@ def replay_row(point: Point, trace: Path, overrides: list[str]) -> dict[str, Any
     }
 
 
-def materialize_trace(source: TraceSource, out_dir: Path) -> Path:
+def materialize_trace(source: TraceWorkload, out_dir: Path) -> Path:
     """The trace file of ``source``: a synthetic one is written into ``out_dir/traces``
     unless a trace of the same spec is already there (a resumed run)."""
     path = source.file(out_dir)

@@ -25,12 +25,15 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+
+from pydantic import BeforeValidator, Field, SerializeAsAny, field_validator, model_validator
 
 from cxlssd.errors import ConfigError, CxlssdError
 from cxlssd.experiments import observe
+from cxlssd.firmware.knobs import KNOBS, FirmwareKnob
 from cxlssd.lifecycle import Lifecycle
+from cxlssd.models import ConfigModel, number_in, validate_as
 from cxlssd.platform.inject import (
     KINDS,
     Correctable,
@@ -46,28 +49,53 @@ from cxlssd.platform.inject import (
     prepare,
     unmask_corrected_internal_errors,
 )
+from cxlssd.yamlfile import short_repr
 
 if TYPE_CHECKING:
     from cxlssd.platform.machine import Platform
 
 log = logging.getLogger(__name__)
 
-QMP_KINDS = tuple(KINDS)
-TIMES = ("start", "end")
+TIMING_KEYS = ("at", "after_s")  # a QMP injection's times, by the workload's command
 MAX_AFTER_S = 3600.0
+MAX_AT_MS = 3_600_000.0
 # The guest reads an event log within a second of the interrupt (docs/inject.md);
 # under a loaded 2-core host it can take longer.
 OBSERVE_TIMEOUT_S = 30.0
 
 
-@dataclass(frozen=True)
-class QmpEvent:
+class QmpEvent(ConfigModel):
     """One QMP injection of a scenario: at the command's start or end, or ``after_s``
     seconds of wall-clock time after it started (``at`` is then ``"after"``)."""
 
-    injection: Injection
-    at: str
-    after_s: float = 0.0
+    reader_fields: ClassVar[frozenset[str]] = frozenset({"injection"})  # the entry's other keys
+    # SerializeAsAny: a record holds the injection's own fields, not just Injection's.
+    injection: SerializeAsAny[Injection]
+    at: Literal["start", "end", "after"] = Field(
+        description="start or end: around the workload's command (after: what after_s means)"
+    )
+    after_s: Annotated[float, number_in(0, MAX_AFTER_S, "seconds")] = Field(
+        default=0.0, description="instead of at: wall-clock seconds after the workload starts"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_time(cls, raw: object) -> object:
+        """A file gives exactly one of ``at`` and ``after_s``; the latter means at "after"."""
+        if not isinstance(raw, dict):
+            return raw
+        if ("after_s" in raw) == ("at" in raw and raw["at"] != "after"):
+            raise ValueError(f"{_kind_of(raw.get('injection'))} needs one of after_s: SECONDS (after the "
+                             "workload starts) or at: start|end")
+        return {**raw, "at": "after"} if "after_s" in raw else raw
+
+    @field_validator("at", mode="before")
+    @classmethod
+    def _start_or_end(cls, at: object) -> object:
+        if at not in ("start", "end", "after"):
+            raise ValueError(f"expected start or end, got {short_repr(at)} "
+                             "(use after_s: SECONDS for a time in between)")
+        return at
 
     @property
     def when(self) -> str:
@@ -80,31 +108,45 @@ class QmpEvent:
         return isinstance(self.injection, Uncorrectable)
 
 
-def qmp_event_from_dict(raw: dict[str, Any], where: str) -> QmpEvent:
-    """A scenario's QMP injection from its YAML mapping; :class:`ConfigError` naming the problem."""
-    kind = raw.get("kind")
-    cls = KINDS[str(kind)]
+def _kind_of(injection: object) -> str:
+    return str(getattr(injection, "kind", "the injection"))
+
+
+class TimedKnob(ConfigModel):
+    """A scenario's firmware knob, applied ``at_ms`` of modelled time after the point's
+    first request."""
+
+    reader_fields: ClassVar[frozenset[str]] = frozenset({"knob"})  # the entry's other keys
+    at_ms: Annotated[float, number_in(0, MAX_AT_MS, "ms")] = Field(
+        description="modelled ms after the point's first request"
+    )
+    knob: FirmwareKnob
+
+
+def scenario_entry(raw: object) -> TimedKnob | QmpEvent:
+    """A workload's ``inject:`` entry (a firmware knob with at_ms, or a QMP injection with
+    at or after_s), validated by its kind's model; a :class:`ValueError` (the caller's
+    model adds the key path) or the kind model's problem at its key."""
+    kind = raw.get("kind") if isinstance(raw, dict) else None
+    if not isinstance(raw, dict) or not isinstance(kind, str) or (kind not in KNOBS and kind not in KINDS):
+        raise ValueError(f"kind {short_repr(kind)} is not a firmware knob ({', '.join(KNOBS)}; timed by "
+                         f"at_ms) or a QMP injection ({', '.join(KINDS)}; timed by after_s or at)")
+    if kind in KNOBS:
+        if "at_ms" not in raw:
+            raise ValueError(f"{kind} is a firmware knob: it needs at_ms "
+                             "(modelled ms after the first request)")
+        knob = validate_as(KNOBS[kind], {k: v for k, v in raw.items() if k not in ("kind", "at_ms")})
+        return TimedKnob(at_ms=raw["at_ms"], knob=knob)
     if "at_ms" in raw:
-        raise ConfigError(
-            f"{where}: {kind} is a QEMU injection, and QEMU's events are not on the modelled clock: "
-            "time it with after_s (wall-clock seconds after the workload starts) or at: start|end"
-        )
-    timing = [key for key in ("after_s", "at") if key in raw]
-    if len(timing) != 1:
-        raise ConfigError(f"{where}: {kind} needs one of after_s: SECONDS (after the workload "
-                          "starts) or at: start|end")
-    if timing == ["at"]:
-        if raw["at"] not in TIMES:
-            raise ConfigError(f"{where}.at: expected start or end, got {raw['at']!r} "
-                              "(use after_s: SECONDS for a time in between)")
-        at, after_s = str(raw["at"]), 0.0
-    else:
-        after = raw["after_s"]
-        if isinstance(after, bool) or not isinstance(after, int | float) or not 0 <= after <= MAX_AFTER_S:
-            raise ConfigError(f"{where}.after_s: expected 0..{MAX_AFTER_S:g} seconds, got {after!r}")
-        at, after_s = "after", float(after)
-    arguments = {k: v for k, v in raw.items() if k not in ("kind", "at", "after_s")}
-    return QmpEvent(cls.parse(arguments, where), at, after_s)
+        raise ValueError(f"{kind} is a QEMU injection, and QEMU's events are not on the modelled clock: "
+                         "time it with after_s (wall-clock seconds after the workload starts) "
+                         "or at: start|end")
+    injection = validate_as(KINDS[kind], {k: v for k, v in raw.items() if k not in ("kind", *TIMING_KEYS)})
+    return QmpEvent.model_validate({"injection": injection, **{k: raw[k] for k in TIMING_KEYS if k in raw}})
+
+
+# One entry of a workload's inject: list.
+ScenarioEntry = Annotated[TimedKnob | QmpEvent, BeforeValidator(scenario_entry)]
 
 
 def check_events(events: Sequence[QmpEvent], devices: Sequence[DeviceView], where: str) -> None:

@@ -39,7 +39,10 @@ the command. Everything is checked before anything runs: unknown keys, unknown
 designs, bad overrides, a baseline or ideal that is not among the designs, a
 placeholder without a sweep value, a missing or corrupt trace, an injection
 that does not fit the platform's device are :class:`ConfigError` (or
-:class:`InputError` for files).
+:class:`InputError` for files). The file is read into the models below
+(:class:`~cxlssd.models.ConfigModel`, like platform files and profiles: one message
+format, naming file, key path, value and fix); the reader then checks what needs
+files or the designs' profiles.
 """
 
 from __future__ import annotations
@@ -47,19 +50,22 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar, Self
+
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from cxlssd.errors import ConfigError, InputError
-from cxlssd.experiments.scenario import QMP_KINDS, QmpEvent, check_events, qmp_event_from_dict
-from cxlssd.firmware.knobs import KNOBS, FirmwareKnob, knob_from_dict
+from cxlssd.experiments.scenario import QmpEvent, ScenarioEntry, TimedKnob, check_events
+from cxlssd.firmware.knobs import FirmwareKnob
 from cxlssd.firmware.profile import load_profile
 from cxlssd.firmware.synth import SynthSpec
 from cxlssd.firmware.trace import TraceReader
+from cxlssd.models import ConfigModel, number_in
 from cxlssd.platform.config import CONFIG_DIR, load_config
 from cxlssd.platform.inject import DcLayout, DeviceView
-from cxlssd.validation import check_keys, parse_size
 from cxlssd.yamlfile import read_yaml, short_repr
 
 EXPERIMENT_DIR = Path(__file__).resolve().parent
@@ -73,14 +79,164 @@ MAX_POINT_TIMEOUT_S = 7 * 24 * 3600.0
 TRACE_DIR = "traces"  # synthesized traces go here, in the results directory
 
 
-@dataclass(frozen=True)
-class TraceSource:
-    """A replay workload's request stream: a trace file, or a synthetic one the
-    runner writes into the results directory (``traces/NAME.trace``)."""
+def _name(name: object) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"{short_repr(name)} must be 1-64 letters, digits, '.', '-' or '_'")
+    return name
 
-    name: str
-    path: Path | None = None
-    synth: SynthSpec | None = None
+
+def _strings(value: object) -> tuple[str, ...]:
+    """A non-empty list of words (numbers too: YAML reads ``- 4096`` as one)."""
+    if not isinstance(value, list | tuple) or not value or not all(
+            isinstance(v, str | int | float) for v in value):
+        raise ValueError(f"expected a non-empty list of strings, got {short_repr(value)}")
+    return tuple(str(v) for v in value)
+
+
+def _mapping_of(what: str) -> BeforeValidator:
+    """A mapping (nothing under the key: an empty one) with text keys (YAML reads
+    ``4096:`` as a number); the message says what it maps."""
+
+    def check(value: object) -> dict[str, object]:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise ValueError(f"expected a mapping of {what}, got {short_repr(value)}")
+        return {str(k): v for k, v in value.items()}
+
+    return BeforeValidator(check)
+
+
+def _repeat(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_REPEAT:
+        raise ValueError(f"expected a whole number of runs, 1..{MAX_REPEAT}, got {short_repr(value)}")
+    return value
+
+
+def _platform(value: object) -> object:
+    if not isinstance(value, str | Path):
+        raise ValueError(f"expected a config name (of platform/configs) or a YAML path, "
+                         f"got {short_repr(value)}")
+    return value
+
+
+def _none_is_empty(value: object) -> object:
+    """A list key with nothing under it (``traces:``) is an empty list."""
+    return () if value is None else value
+
+
+Name = Annotated[str, BeforeValidator(_name)]
+Words = Annotated[tuple[str, ...], BeforeValidator(_strings)]
+# placeholder or dotted profile key -> values (one case per combination)
+Sweep = Annotated[dict[str, Words], _mapping_of("placeholder or profile key to a list of values")]
+Repeat = Annotated[int, BeforeValidator(_repeat)]
+
+
+class Workload(ConfigModel):
+    """What live and replay workloads share: a name and a sweep."""
+
+    name: Name = Field(description="names the workload's points (letters, digits, '.', '-', '_')")
+    sweep: Sweep = Field(default_factory=dict, description="placeholder or dotted profile key -> values; "
+                         "one case per combination")
+
+    # What a live workload has and a replay one does not.
+    @property
+    def command(self) -> tuple[str, ...]:
+        return ()
+
+    @property
+    def knobs(self) -> tuple[tuple[float, FirmwareKnob], ...]:
+        return ()
+
+    @property
+    def qmp(self) -> tuple[QmpEvent, ...]:
+        return ()
+
+    def cases(self) -> list[tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]]:
+        """(params, command, profile overrides) for each combination of the sweep values."""
+        keys = sorted(self.sweep)
+        out = []
+        for values in itertools.product(*(self.sweep[k] for k in keys)):
+            params = dict(zip(keys, values, strict=True))
+            command = tuple(_substitute(arg, params) for arg in self.command)
+            overrides = tuple(f"{k}={v}" for k, v in params.items() if "." in k)
+            out.append((params, command, overrides))
+        return out
+
+
+class LiveWorkload(Workload):
+    """A guest command run under each design (``workloads:``)."""
+
+    label: ClassVar[str] = "workload"
+    command_words: Words = Field(validation_alias="command", description="the guest command and its "
+                                 "arguments, with {placeholder}s of the sweep")
+    inject: Annotated[tuple[ScenarioEntry, ...], BeforeValidator(_none_is_empty)] = Field(
+        default=(), description="a scenario: firmware knobs with at_ms, QMP injections with at or "
+        "after_s (docs/experiments.md)"
+    )
+    repeat: Repeat | None = Field(default=None, description="runs of every point (default: the experiment's)")
+    designs: Words = Field(default=(), description="only these of the experiment's designs (default: all)")
+
+    @model_validator(mode="after")
+    def _placeholders_swept(self) -> Self:
+        placeholders = {k for k in self.sweep if "." not in k}
+        used = {m for arg in self.command for m in _PLACEHOLDER.findall(arg)}
+        if used - placeholders:
+            missing = sorted(used - placeholders)[0]
+            raise ValueError(f"command uses {{{missing}}} but sweep gives it no values")
+        if placeholders - used:
+            raise ValueError(f"sweep: {sorted(placeholders - used)[0]} is not used in the command "
+                             "(a profile key has a dot, e.g. cache.ways)")
+        return self
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        return self.command_words
+
+    @property
+    def knobs(self) -> tuple[tuple[float, FirmwareKnob], ...]:
+        """(at_ms, knob): applied that long in modelled time after the point's first request."""
+        return tuple((e.at_ms, e.knob) for e in self.inject if isinstance(e, TimedKnob))
+
+    @property
+    def qmp(self) -> tuple[QmpEvent, ...]:
+        return tuple(e for e in self.inject if isinstance(e, QmpEvent))
+
+
+class TraceWorkload(Workload):
+    """A replay workload's request stream (``traces:``): a trace file, or a synthetic one
+    the runner writes into the results directory (``traces/NAME.trace``)."""
+
+    label: ClassVar[str] = "trace"
+    sweep: Sweep = Field(default_factory=dict, description="dotted profile key -> values (a replay has no "
+                         "command); one case per combination")
+    path: Path | None = Field(default=None, description="a trace file (--record, ./cxlssd trace synth), "
+                              "relative to the experiment's file")
+    synth: SynthSpec | None = Field(default=None, description="instead of path: a synthetic trace")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_repeat(cls, raw: object) -> object:
+        if isinstance(raw, dict) and "repeat" in raw:
+            raise ValueError("repeat is for live workloads: a replay gives the same answer every time "
+                             "(sweep profile keys or designs instead)")
+        return raw
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        if (self.path is None) == (self.synth is None):
+            raise ValueError("give either path (a trace file, from --record or ./cxlssd trace synth) "
+                             "or synth (a synthetic trace the runner writes)")
+        return self
+
+    @field_validator("sweep")
+    @classmethod
+    def _profile_keys(cls, sweep: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        bad = next((k for k in sweep if "." not in k), None)
+        if bad is not None:
+            raise ValueError(f"{short_repr(bad)} is not a profile key (a replay has no command, so it "
+                             "sweeps profile keys such as context_switch.threshold_ns)")
+        return sweep
 
     def file(self, out_dir: Path) -> Path:
         return self.path if self.path is not None else out_dir / TRACE_DIR / f"{self.name}.trace"
@@ -97,7 +253,7 @@ class Point:
     inject: tuple[tuple[float, FirmwareKnob], ...] = ()
     qmp: tuple[QmpEvent, ...] = ()
     overrides: tuple[str, ...] = ()  # KEY=VALUE profile keys of the case's sweep
-    trace: TraceSource | None = None  # a replay point
+    trace: TraceWorkload | None = None  # a replay point
     rep: int = 1
 
     @property
@@ -121,62 +277,94 @@ def _substitute(arg: str, params: dict[str, str]) -> str:
     return _PLACEHOLDER.sub(lambda m: params[m.group(1)], arg)
 
 
-@dataclass(frozen=True)
-class Workload:
-    """A live workload (``command``) or a replay one (``trace``)."""
+class Experiment(ConfigModel):
+    """An experiment file: designs x workloads (x sweeps, x repetitions)."""
 
-    name: str
-    command: tuple[str, ...] = ()
-    # placeholder or dotted profile key -> values (one case per combination)
-    sweep: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    # (at_ms, knob): applied that long in modelled time after the point's first request
-    inject: tuple[tuple[float, FirmwareKnob], ...] = ()
-    qmp: tuple[QmpEvent, ...] = ()
-    repeat: int | None = None  # None: the experiment's
-    trace: TraceSource | None = None
-    designs: tuple[str, ...] = ()  # a subset of the experiment's designs; () = all of them
+    label: ClassVar[str] = "experiment"
+    reader_fields: ClassVar[frozenset[str]] = frozenset({"source"})
+    name: Name = Field(description="names the results (default: the file's name)")
+    platform: Annotated[Path, BeforeValidator(_platform)] = Field(
+        default=Path("default"), description="a config of platform/configs, or a YAML path"
+    )
+    designs: Words = Field(description="the designs to compare, e.g. [base-cssd, skybyte-full, dram-only]")
+    # The defaults said come from the designs (_default_roles).
+    baseline: str = Field(default="", description="speedups are over this design (default: the first)")
+    ideal: str | None = Field(
+        default=None, description="fraction of ideal is against this one (default: dram-only if a design)"
+    )
+    overrides: Annotated[dict[str, Any], _mapping_of("profile keys to values")] = Field(
+        default_factory=dict, description="profile overrides for every design (like --set)"
+    )
+    workloads: Annotated[tuple[LiveWorkload, ...], BeforeValidator(_none_is_empty)] = Field(
+        default=(), description="live: guest commands under each design"
+    )
+    traces: Annotated[tuple[TraceWorkload, ...], BeforeValidator(_none_is_empty)] = Field(
+        default=(), description="replay: recorded or synthetic traces, no guest"
+    )
+    notes: str = Field(default="", description="copied into the report: what a reader must know")
+    repeat: Repeat = Field(default=1, description="runs of every live point (mean and spread reported)")
+    point_timeout_s: Annotated[float, number_in(1, MAX_POINT_TIMEOUT_S, "seconds")] = Field(
+        default=DEFAULT_POINT_TIMEOUT_S, description="wall-clock limit of a live point's command (a hung "
+        "guest); then recorded as failed"
+    )
+    # Where it was read from, for messages; set by the reader, not a key of the file.
+    source: str = "<dict>"
 
-    def cases(self) -> list[tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]]:
-        """(params, command, profile overrides) for each combination of the sweep values."""
-        keys = sorted(self.sweep)
-        out = []
-        for values in itertools.product(*(self.sweep[k] for k in keys)):
-            params = dict(zip(keys, values, strict=True))
-            command = tuple(_substitute(arg, params) for arg in self.command)
-            overrides = tuple(f"{k}={v}" for k, v in params.items() if "." in k)
-            out.append((params, command, overrides))
-        return out
+    @model_validator(mode="before")
+    @classmethod
+    def _default_roles(cls, raw: object) -> object:
+        """The baseline is the first design and the ideal dram-only (if a design) unless given."""
+        designs = raw.get("designs") if isinstance(raw, dict) else None
+        if not isinstance(raw, dict) or not isinstance(designs, list | tuple) or not designs:
+            return raw
+        return {"baseline": designs[0], "ideal": "dram-only" if "dram-only" in designs else None, **raw}
 
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if len(set(self.designs)) != len(self.designs):
+            raise ValueError("designs lists a design twice")
+        for role, design in (("baseline", self.baseline), ("ideal", self.ideal)):
+            if design is not None and design not in self.designs:
+                raise ValueError(f"{role} {short_repr(design)} is not one of the designs "
+                                 f"{list(self.designs)}")
+        if not self.all_workloads:
+            raise ValueError("workloads (live) or traces (replay) must be a non-empty list")
+        if len({w.name for w in self.all_workloads}) != len(self.all_workloads):
+            raise ValueError("two workloads or traces have the same name")
+        for i, workload in enumerate(self.workloads):
+            unknown = [d for d in workload.designs if d not in self.designs]
+            if unknown:
+                raise ValueError(f"workloads[{i}].designs: {short_repr(unknown[0])} is not one of the "
+                                 f"designs {list(self.designs)}")
+        points = len(self.designs) * sum(
+            math.prod(len(values) for values in w.sweep.values()) * self.repetitions(w)
+            for w in self.all_workloads
+        )
+        if points > MAX_POINTS:
+            raise ValueError(f"{points} points (designs x sweep cases x repetitions); at most "
+                             f"{MAX_POINTS} per experiment: split it or sweep fewer values")
+        return self
 
-@dataclass(frozen=True)
-class Experiment:
-    name: str
-    platform: Path
-    designs: tuple[str, ...]
-    workloads: tuple[Workload, ...]  # live ones, then replay ones (``traces:``)
-    baseline: str
-    ideal: str | None
-    overrides: dict[str, Any]
-    source: str
-    notes: str = ""  # copied into the report: what the reader must know to read the results
-    repeat: int = 1  # repetitions of every live point (a workload may say otherwise)
-    # wall-clock limit of one live point's guest command (a hung guest): then recorded as failed
-    point_timeout_s: float = DEFAULT_POINT_TIMEOUT_S
+    @property
+    def all_workloads(self) -> tuple[LiveWorkload | TraceWorkload, ...]:
+        """The live workloads, then the replay ones."""
+        return (*self.workloads, *self.traces)
 
     def points(self) -> list[Point]:
         """Every point, workload-major: all designs of a case back to back, repetition
         after repetition (so slow drift of the host affects every design alike)."""
         return [
-            Point(w.name, design, params, command, w.inject, w.qmp, overrides, w.trace, rep)
-            for w in self.workloads
+            Point(w.name, design, params, command, w.knobs, w.qmp, overrides,
+                  w if isinstance(w, TraceWorkload) else None, rep)
+            for w in self.all_workloads
             for params, command, overrides in w.cases()
             for rep in range(1, self.repetitions(w) + 1)
             for design in self.designs
-            if not w.designs or design in w.designs
+            if not isinstance(w, LiveWorkload) or not w.designs or design in w.designs
         ]
 
     def repetitions(self, workload: Workload) -> int:
-        if workload.trace is not None:
+        if not isinstance(workload, LiveWorkload):
             return 1  # a replay is exactly repeatable
         return workload.repeat if workload.repeat is not None else self.repeat
 
@@ -185,228 +373,52 @@ class Experiment:
         return [*(f"{k}={v}" for k, v in self.overrides.items()), *point.overrides]
 
 
-def _strings(value: object, where: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value or not all(isinstance(v, str | int | float) for v in value):
-        raise ConfigError(f"{where}: expected a non-empty list of strings, got {short_repr(value)}")
-    return tuple(str(v) for v in value)
+# The sections of an experiment file, for its reference (docs/experiments.md, generated)
+SECTIONS: dict[str, type[ConfigModel]] = {
+    "(top)": Experiment, "workloads[]": LiveWorkload, "workloads[].inject[] (knob)": TimedKnob,
+    "workloads[].inject[] (QMP)": QmpEvent, "traces[]": TraceWorkload, "traces[].synth": SynthSpec,
+}
 
 
-def _name(name: object, where: str) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ConfigError(f"{where}: name {short_repr(name)} must be 1-64 letters, digits, '.', '-' or '_'")
-    return name
+def _platform_path(value: Path, base: Path, where: str) -> Path:
+    for candidate in (CONFIG_DIR / f"{value}.yaml", base / value, value):
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"{where}: no platform config {short_repr(str(value))} (in {CONFIG_DIR} or as a path)")
 
 
-def _repeat(value: object, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_REPEAT:
-        raise ConfigError(
-            f"{where}: repeat must be a whole number of runs, 1..{MAX_REPEAT}, got {short_repr(value)}"
-        )
-    return value
-
-
-def _point_timeout(value: object, where: str) -> float:
-    if (isinstance(value, bool) or not isinstance(value, int | float)
-            or not 1 <= value <= MAX_POINT_TIMEOUT_S):  # also rejects NaN
-        raise ConfigError(f"{where}: point_timeout_s must be 1..{MAX_POINT_TIMEOUT_S:.0f} seconds, "
-                          f"got {short_repr(value)}")
-    return float(value)
-
-
-def _sweep(raw: object, where: str) -> dict[str, tuple[str, ...]]:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a mapping of placeholder or profile key to a list of values")
-    return {str(k): _strings(v, f"{where}.{k}") for k, v in raw.items()}
-
-
-def _workload(raw: object, where: str) -> Workload:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a mapping with name and command")
-    check_keys(raw, {"name", "command", "sweep", "inject", "repeat", "designs"}, where)
-    name = _name(raw.get("name"), where)
-    command = _strings(raw.get("command"), f"{where}.command")
-    sweep = _sweep(raw.get("sweep") or {}, f"{where}.sweep")
-    placeholders = {k for k in sweep if "." not in k}
-    used = {m for arg in command for m in _PLACEHOLDER.findall(arg)}
-    if used - placeholders:
-        missing = sorted(used - placeholders)[0]
-        raise ConfigError(f"{where}.command uses {{{missing}}} but sweep gives it no values")
-    if placeholders - used:
-        raise ConfigError(f"{where}.sweep: {sorted(placeholders - used)[0]} is not used in the command "
-                          "(a profile key has a dot, e.g. cache.ways)")
-    knobs, qmp = _scenario(raw.get("inject") or [], f"{where}.inject")
-    repeat = _repeat(raw["repeat"], f"{where}") if "repeat" in raw else None
-    designs = _strings(raw["designs"], f"{where}.designs") if "designs" in raw else ()
-    return Workload(name, command, sweep, knobs, qmp, repeat, designs=designs)
-
-
-_SYNTH_SIZES = ("footprint_bytes", "hot_bytes")
-
-
-def _synth(raw: object, where: str) -> SynthSpec:
-    """A SynthSpec from its YAML mapping (the ``./cxlssd trace synth`` parameters)."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a mapping such as {{pattern: zipf, requests: 200000, "
-                          "footprint_bytes: 64MiB}")
-    known = set(SynthSpec.__dataclass_fields__)
-    check_keys(raw, known, where)
-    values: dict[str, Any] = {k: parse_size(v, f"{where}.{k}") if k in _SYNTH_SIZES else v
-                              for k, v in raw.items()}
-    defaults = SynthSpec()
-    for key, value in values.items():
-        default = getattr(defaults, key)
-        wanted = str if isinstance(default, str) else int | float if isinstance(default, float) else int
-        if isinstance(value, bool) or not isinstance(value, wanted):
-            raise ConfigError(f"{where}.{key}: expected a value like {default!r}, got {short_repr(value)}")
-    spec = SynthSpec(**values)
-    try:
-        spec.check()
-    except ConfigError as error:
-        raise ConfigError(f"{where}: {error}") from None
-    return spec
-
-
-def _trace(raw: object, where: str, base: Path) -> Workload:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a mapping with name and path or synth")
-    if "repeat" in raw:
-        raise ConfigError(f"{where}: repeat is for live workloads: a replay gives the same answer "
-                          "every time (sweep profile keys or designs instead)")
-    check_keys(raw, {"name", "path", "synth", "sweep"}, where)
-    name = _name(raw.get("name"), where)
-    if ("path" in raw) == ("synth" in raw):
-        raise ConfigError(f"{where}: give either path (a trace file, from --record or ./cxlssd trace synth) "
-                          "or synth (a synthetic trace the runner writes)")
-    sweep = _sweep(raw.get("sweep") or {}, f"{where}.sweep")
-    if any("." not in k for k in sweep):
-        bad = next(k for k in sweep if "." not in k)
-        raise ConfigError(f"{where}.sweep: {short_repr(bad)} is not a profile key (a replay has no command, "
-                          "so it sweeps profile keys such as context_switch.threshold_ns)")
-    if "synth" in raw:
-        synth = _synth(raw["synth"], f"{where}.synth")
-        return Workload(name, sweep=sweep, trace=TraceSource(name, synth=synth))
-    path = raw["path"]
-    if not isinstance(path, str):
-        raise ConfigError(f"{where}.path: expected a file name, got {short_repr(path)}")
-    resolved = Path(path) if Path(path).is_absolute() else base / path
+def _trace_file(trace: TraceWorkload, base: Path, where: str) -> TraceWorkload:
+    """``trace`` with its file resolved against ``base`` and readable: a missing or
+    corrupt file fails now, not after the other points."""
+    if trace.path is None:
+        return trace
+    resolved = trace.path if trace.path.is_absolute() else base / trace.path
     if not resolved.is_file():
         raise InputError(f"{where}: trace {resolved} does not exist; record one (./cxlssd guest exec "
                          "--design D --record FILE -- CMD), write one (./cxlssd trace synth) or use synth:")
-    TraceReader(resolved)  # a corrupt or foreign file fails now, not after the other points
-    return Workload(name, sweep=sweep, trace=TraceSource(name, path=resolved))
-
-
-def _scenario(raw: object, where: str) -> tuple[tuple[tuple[float, FirmwareKnob], ...], tuple[QmpEvent, ...]]:
-    """Firmware knobs at modelled times ([{at_ms, kind, ...}], docs/inject.md) and QMP
-    injections timed by the workload ([{after_s | at, kind, ...}], scenario.py)."""
-    if not isinstance(raw, list):
-        raise ConfigError(f"{where}: expected a list of {{at_ms: T, kind: KNOB, ...}} or "
-                          "{after_s: S, kind: QMP-KIND, ...}")
-    knobs, qmp = [], []
-    for i, entry in enumerate(raw):
-        here = f"{where}[{i}]"
-        kind = entry.get("kind") if isinstance(entry, dict) else None
-        if isinstance(entry, dict) and kind in QMP_KINDS:
-            qmp.append(qmp_event_from_dict(entry, here))
-            continue
-        if not isinstance(entry, dict) or kind not in KNOBS:
-            raise ConfigError(f"{here}: kind {short_repr(kind)} is not a firmware knob "
-                              f"({', '.join(KNOBS)}; timed by "
-                              f"at_ms) or a QMP injection ({', '.join(QMP_KINDS)}; timed by after_s or at)")
-        if "at_ms" not in entry:
-            raise ConfigError(f"{here}: {kind} is a firmware knob: it needs at_ms (modelled ms after "
-                              "the first request)")
-        at_ms = entry["at_ms"]
-        if isinstance(at_ms, bool) or not isinstance(at_ms, int | float) or not 0 <= at_ms <= 3_600_000:
-            raise ConfigError(f"{here}.at_ms: expected 0..3600000 ms, got {short_repr(at_ms)}")
-        try:
-            knob = knob_from_dict({k: v for k, v in entry.items() if k != "at_ms"}, here)
-        except InputError as error:  # an experiment's problem is its configuration's
-            raise ConfigError(str(error)) from None
-        knobs.append((float(at_ms), knob))
-    return tuple(knobs), tuple(qmp)
-
-
-def _platform_path(value: object, base: Path, where: str) -> Path:
-    if not isinstance(value, str):
-        raise ConfigError(f"{where}: platform must be a config name or a YAML path")
-    for candidate in (CONFIG_DIR / f"{value}.yaml", base / value, Path(value)):
-        if candidate.is_file():
-            return candidate
-    raise ConfigError(f"{where}: no platform config {short_repr(value)} (in {CONFIG_DIR} or as a path)")
-
-
-def _entries(raw: dict[str, Any], key: str, source: str) -> list[Any]:
-    entries = raw.get(key) or []
-    if not isinstance(entries, list):
-        raise ConfigError(f"{source}: {key} must be a list")
-    return entries
+    TraceReader(resolved)
+    return trace.model_copy(update={"path": resolved})
 
 
 def experiment_from_dict(raw: object, source: str, base: Path = EXPERIMENT_DIR) -> Experiment:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: an experiment is a mapping (name, designs, workloads, ...)")
-    keys = {"name", "platform", "designs", "workloads", "traces", "baseline", "ideal", "overrides", "notes",
-            "repeat", "point_timeout_s"}
-    check_keys(raw, keys, source)
-    notes = raw.get("notes", "")
-    if not isinstance(notes, str):
-        raise ConfigError(f"{source}: notes must be text (it goes into the report)")
-    name = _name(raw.get("name", Path(source).stem), source)
-    designs = _strings(raw.get("designs"), f"{source}: designs")
-    if len(set(designs)) != len(designs):
-        raise ConfigError(f"{source}: designs lists a design twice")
-    overrides = raw.get("overrides") or {}
-    if not isinstance(overrides, dict):
-        raise ConfigError(f"{source}: overrides must be a mapping of profile keys to values")
-    for design in designs:
-        load_profile(design, overrides)  # unknown designs and bad overrides fail now
-    live = [_workload(w, f"{source}: workloads[{i}]")
-            for i, w in enumerate(_entries(raw, "workloads", source))]
-    replay = [_trace(t, f"{source}: traces[{i}]", base)
-              for i, t in enumerate(_entries(raw, "traces", source))]
-    workloads = (*live, *replay)
-    if not workloads:
-        raise ConfigError(f"{source}: workloads (live) or traces (replay) must be a non-empty list")
-    if len({w.name for w in workloads}) != len(workloads):
-        raise ConfigError(f"{source}: two workloads or traces have the same name")
-    baseline = raw.get("baseline", designs[0])
-    ideal = raw.get("ideal", "dram-only" if "dram-only" in designs else None)
-    role: str
-    design_name: Any
-    for role, design_name in (("baseline", baseline), ("ideal", ideal)):
-        if design_name is not None and design_name not in designs:
-            raise ConfigError(
-                f"{source}: {role} {short_repr(design_name)} is not one of the designs {list(designs)}"
-            )
-    platform = _platform_path(raw.get("platform", "default"), base, source)
+    """The experiment of a YAML document; then what needs files and the designs'
+    profiles: the platform config and trace files (relative to ``base``), the
+    overrides and swept profile keys under every design, the injections against the
+    platform's devices."""
+    named = raw
+    if raw is None or isinstance(raw, dict):  # an empty file: its problem is what is missing
+        named = {"name": Path(source).stem, **(raw or {}), "source": source}
+    parsed = Experiment.parse(named, source)
+    for design in parsed.designs:
+        load_profile(design, parsed.overrides)  # unknown designs and bad overrides fail now
+    experiment = parsed.model_copy(update={
+        "platform": _platform_path(parsed.platform, base, source),
+        "traces": tuple(_trace_file(t, base, f"{source}: traces[{i}]") for i, t in enumerate(parsed.traces)),
+    })
     devices = [DeviceView(index=i, size_bytes=d.size_bytes, dynamic_capacity=DcLayout.of_config(d))
-               for i, d in enumerate(load_config(platform).cxl_devices)]
-    for i, workload in enumerate(live):
+               for i, d in enumerate(load_config(experiment.platform).cxl_devices)]
+    for i, workload in enumerate(experiment.workloads):
         check_events(workload.qmp, devices, f"{source}: workloads[{i}].inject")
-        unknown = [d for d in workload.designs if d not in designs]
-        if unknown:
-            raise ConfigError(f"{source}: workloads[{i}].designs: {short_repr(unknown[0])} is not one of "
-                              f"the designs {list(designs)}")
-    experiment = Experiment(
-        name=name,
-        platform=platform,
-        designs=designs,
-        workloads=workloads,
-        baseline=str(baseline),
-        ideal=None if ideal is None else str(ideal),
-        overrides=dict(overrides),
-        source=source,
-        notes=notes,
-        repeat=_repeat(raw["repeat"], source) if "repeat" in raw else 1,
-        point_timeout_s=_point_timeout(raw.get("point_timeout_s", DEFAULT_POINT_TIMEOUT_S), source),
-    )
-    points = len(designs) * sum(
-        math.prod(len(values) for values in w.sweep.values()) * experiment.repetitions(w) for w in workloads
-    )
-    if points > MAX_POINTS:
-        raise ConfigError(f"{source}: {points} points (designs x sweep cases x repetitions); at most "
-                          f"{MAX_POINTS} per experiment: split it or sweep fewer values")
     # A swept profile key must suit every design: checked for each case now.
     for point in {(p.design, p.overrides): p for p in experiment.points() if p.overrides}.values():
         try:

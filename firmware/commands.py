@@ -103,15 +103,13 @@ def _add_spec(
 
 
 def _spec(args: argparse.Namespace) -> SynthSpec:
-    spec = SynthSpec(
+    return SynthSpec(
         pattern=args.pattern, requests=args.requests,
         footprint_bytes=parse_size(args.footprint, "--footprint"),
         write_fraction=args.write_fraction, zipf_theta=args.theta,
         hot_bytes=parse_size(args.hot, "--hot"), hot_fraction=args.hot_fraction,
         gap_ns=args.gap_ns, vcpus=args.vcpus, threads=args.threads, seed=args.seed,
     )
-    spec.check()
-    return spec
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

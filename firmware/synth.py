@@ -9,47 +9,75 @@ successive requests of a vCPU (the controller adds the stalls it models).
 
 from __future__ import annotations
 
+import math
+import typing
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from typing import Annotated, ClassVar, Literal, Self
 
 import numpy as np
+from pydantic import AfterValidator, Field, StrictFloat, StrictInt, model_validator
 
-from cxlssd.errors import ConfigError
 from cxlssd.firmware.request import LINES_PER_PAGE, PAGE_BYTES, REQUEST_DTYPE, Op
+from cxlssd.models import ConfigModel, SizeBytes
+from cxlssd.validation import format_size
 
-PATTERNS = ("uniform", "zipf", "sequential", "hotset")
+Pattern = Literal["uniform", "zipf", "sequential", "hotset"]
+PATTERNS: tuple[str, ...] = typing.get_args(Pattern)
+MAX_THREADS = 1024
 
 
-@dataclass(frozen=True)
-class SynthSpec:
+def _in(low: float, high: float, unit: str = "") -> AfterValidator:
+    """A number in ``low..high``; the message says the range."""
+
+    def check(value: float) -> float:
+        if not low <= value <= high:  # also rejects NaN
+            raise ValueError(f"expected {low:g}..{high:g}{unit}, got {value!r}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _at_least_a_page(size: int) -> int:
+    if size < PAGE_BYTES:
+        raise ValueError(f"{format_size(size)} is less than one 4KiB page")
+    return size
+
+
+class SynthSpec(ConfigModel):
     """What to generate (sizes in bytes, times in ns)."""
 
-    pattern: str = "zipf"
-    requests: int = 1_000_000
-    footprint_bytes: int = 1 << 30
-    write_fraction: float = 0.3
-    zipf_theta: float = 0.99  # zipf: skew (0 = uniform)
-    hot_bytes: int = 64 << 20  # hotset: size of the hot set ...
-    hot_fraction: float = 0.9  # ... and the share of requests that go to it
-    gap_ns: int = 50  # computation between two requests of one thread
-    vcpus: int = 1
-    threads: int = 1  # per vCPU (SkyByte runs 3 per core)
-    seed: int = 1
+    label: ClassVar[str] = "synthetic trace"
+    pattern: Pattern = Field(default="zipf", description="which pages requests go to")
+    requests: Annotated[StrictInt, _in(0, math.inf)] = Field(default=1_000_000, description="requests in all")
+    footprint_bytes: Annotated[SizeBytes, AfterValidator(_at_least_a_page)] = Field(
+        default=1 << 30, description="bytes the requests touch"
+    )
+    write_fraction: Annotated[StrictFloat, _in(0, 1)] = Field(default=0.3, description="share of writes")
+    zipf_theta: StrictFloat = Field(default=0.99, description="zipf: skew (0 = uniform)")
+    hot_bytes: Annotated[SizeBytes, AfterValidator(_at_least_a_page)] = Field(
+        default=64 << 20, description="hotset: size of the hot set"
+    )
+    hot_fraction: Annotated[StrictFloat, _in(0, 1)] = Field(
+        default=0.9, description="hotset: share of requests to the hot set"
+    )
+    gap_ns: Annotated[StrictInt, _in(0, math.inf, " ns")] = Field(
+        default=50, description="computation between two requests of one thread, ns"
+    )
+    vcpus: Annotated[StrictInt, _in(1, math.inf)] = Field(default=1, description="vCPUs issuing requests")
+    threads: Annotated[StrictInt, _in(1, MAX_THREADS)] = Field(
+        default=1, description="threads per vCPU (SkyByte runs 3 per core)"
+    )
+    seed: StrictInt = Field(default=1, description="random seed: a spec always gives the same trace")
 
-    def check(self) -> None:
-        if self.pattern not in PATTERNS:
-            raise ConfigError(f"unknown pattern {self.pattern!r}; choose one of {PATTERNS}")
-        if self.footprint_bytes < PAGE_BYTES or self.requests < 0:
-            raise ConfigError("footprint must be at least one 4 KiB page and requests >= 0")
-        if not 0 <= self.write_fraction <= 1 or not 0 <= self.hot_fraction <= 1:
-            raise ConfigError("write_fraction and hot_fraction must be in [0, 1]")
-        if self.pattern == "hotset" and not PAGE_BYTES <= self.hot_bytes <= self.footprint_bytes:
-            raise ConfigError("hot_bytes must be between 4 KiB and footprint_bytes")
-        if self.vcpus < 1 or not 1 <= self.threads <= 1024:
-            raise ConfigError("vcpus must be at least 1 and threads between 1 and 1024")
+    @model_validator(mode="after")
+    def _hot_set_fits(self) -> Self:
+        if self.pattern == "hotset" and self.hot_bytes > self.footprint_bytes:
+            raise ValueError(f"hot_bytes {format_size(self.hot_bytes)} is larger than footprint_bytes "
+                             f"{format_size(self.footprint_bytes)}")
+        return self
 
     def metadata(self) -> dict[str, object]:
-        return {"generator": "cxlssd.firmware.synth", **asdict(self)}
+        return {"generator": "cxlssd.firmware.synth", **self.model_dump()}
 
 
 def _zipf_cdf(pages: int, theta: float) -> np.ndarray:
@@ -60,7 +88,6 @@ def _zipf_cdf(pages: int, theta: float) -> np.ndarray:
 
 def generate(spec: SynthSpec, chunk_records: int = 1 << 18) -> Iterator[np.ndarray]:
     """Yield REQUEST_DTYPE chunks making up the trace described by ``spec``."""
-    spec.check()
     rng = np.random.default_rng(spec.seed)
     pages = spec.footprint_bytes // PAGE_BYTES
     # hot pages are scattered over the footprint, as a real heap's would be

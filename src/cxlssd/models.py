@@ -98,7 +98,7 @@ class ConfigModel(BaseModel):
         raw = {} if raw is None else raw  # an empty YAML document or section: the defaults
         if not isinstance(raw, Mapping):
             raise cls.error_class(f"{where or _label(cls)}: expected a mapping of keys "
-                                  f"({', '.join(_keys(cls))}), got {short_repr(raw)}")
+                                  f"({', '.join(_file_keys(cls))}), got {short_repr(raw)}")
         source = _SOURCE.set(_Source(where, spell, dotted))
         try:
             return cls.model_validate(dict(raw))  # through __init__, which raises error_class
@@ -110,10 +110,16 @@ class ConfigModel(BaseModel):
 SizeBytes = Annotated[int, BeforeValidator(size_bytes)]
 
 
-def json_value(value: object) -> object:
-    """``json.dumps``'s ``default``: a model (in a dataclass, e.g. an experiment's
-    scenario) as its fields, anything else as its text."""
-    return value.model_dump(mode="json") if isinstance(value, BaseModel) else str(value)
+def number_in(low: float, high: float, unit: str) -> BeforeValidator:
+    """A number of ``unit`` in ``low..high`` as a float: not true/false (YAML's 1/0), not
+    NaN; the message says the range."""
+
+    def check(value: object) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+            raise ValueError(f"expected {low:.0f}..{high:.0f} {unit}, got {short_repr(value)}")
+        return float(value)
+
+    return BeforeValidator(check)
 
 
 # -- messages -------------------------------------------------------------------------
@@ -139,6 +145,12 @@ def _keys(model: type[BaseModel]) -> dict[str, FieldInfo]:
     """A model's fields by the key a file writes (``size`` for ``size_bytes``)."""
     return {info.validation_alias if isinstance(info.validation_alias, str) else name: info
             for name, info in model.model_fields.items()}
+
+
+def _file_keys(model: type[BaseModel]) -> list[str]:
+    """The keys a file may write: not the fields its reader sets (a config's source)."""
+    readers: frozenset[str] = getattr(model, "reader_fields", frozenset())
+    return [key for key, info in _keys(model).items() if _name_of(model, info) not in readers]
 
 
 def _model_at(model: type[BaseModel], loc: Sequence[int | str]) -> type[BaseModel] | None:
@@ -172,6 +184,7 @@ _EXPECTED = {
     "bool_type": "true or false", "int_type": "an integer", "int_from_float": "an integer",
     "float_type": "a number", "string_type": "text", "model_type": "a mapping of keys to values",
     "dict_type": "a mapping of keys to values", "tuple_type": "a list", "list_type": "a list",
+    "path_type": "a file name",
 }
 
 
@@ -181,7 +194,7 @@ def _problem(error: Mapping[str, Any], model: type[BaseModel], prefix: str = "")
     kind, loc, given = error["type"], error["loc"], error.get("input")
     if kind == "extra_forbidden":
         holder = _model_at(model, loc[:-1])
-        allowed = [prefix + key for key in sorted(_keys(holder))] if holder is not None else []
+        allowed = [prefix + key for key in sorted(_file_keys(holder))] if holder is not None else []
         close = close_match(prefix + str(loc[-1]), allowed)
         fix = f"did you mean {close!r}?" if close else f"allowed keys: {', '.join(allowed)}"
         return f"unknown key {short_repr(prefix + str(loc[-1]))}; {fix}"
@@ -209,19 +222,52 @@ def _join(where: str, path: str) -> str:
     return f"{where}.{path}" if ": " in where else f"{where}: {path}"
 
 
-def validation_message(error: ValidationError, model: type[BaseModel], source: _Source = _UNNAMED) -> str:
-    """One line for ``error`` (the first problem; an unknown key first, since it often
-    explains a missing one): where it is (the source's file and key path, else the
-    model's label), the key path, the bad value and the fix."""
+class ChosenModelError(ValueError):
+    """A validator's problem with a value it validated by a model the value chose (a
+    scenario entry's ``kind``): messages go on into that model, its key path and keys."""
+
+    def __init__(self, error: ValidationError, model: type[BaseModel]) -> None:
+        super().__init__(str(error))
+        self.error, self.model = error, model
+
+
+def validate_as(model: type[ConfigModel], raw: object) -> Any:
+    """``raw`` validated by ``model``, in a validator of an enclosing model whose field's
+    type does not say which model (see :class:`ChosenModelError`)."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as error:
+        raise ChosenModelError(error, model) from None
+
+
+def _first_problem(error: ValidationError) -> tuple[Mapping[str, Any], int]:
+    """The problem a message names (an unknown key first, since it often explains a
+    missing one), and how many there are."""
     problems = sorted(error.errors(), key=lambda e: e["type"] != "extra_forbidden")
-    first = problems[0]
-    keys = first["loc"][:-1] if first["type"] in ("extra_forbidden", "missing") else first["loc"]
+    return problems[0], len(problems)
+
+
+def validation_message(error: ValidationError, model: type[BaseModel], source: _Source = _UNNAMED) -> str:
+    """One line for ``error`` (its first problem, inside a chosen model's if it is one):
+    where it is (the source's file and key path, else the model's label), the key path,
+    the bad value and the fix."""
+    first, count = _first_problem(error)
+    # the key path to the chosen model, and that model
+    outer: tuple[int | str, ...] = ()
+    holder = model
+    while first["type"] == "value_error" and isinstance(first["ctx"]["error"], ChosenModelError):
+        chosen = first["ctx"]["error"]
+        outer += tuple(first["loc"])
+        (first, inner_count), holder = _first_problem(chosen.error), chosen.model
+        count += inner_count - 1
+    inner = first["loc"][:-1] if first["type"] in ("extra_forbidden", "missing") else first["loc"]
+    keys = (*outer, *inner)
     path, prefix = key_path(keys, source.spell), ""
     if source.dotted and first["type"] == "extra_forbidden":
         path, prefix = "", f"{path}." if path else ""
     place = _join(source.where, path) if source.where else f"{_label(model)} {path}".strip()
-    more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
-    return f"{place}: {_problem(first, model, prefix)}{more}"
+    more = f" (and {count - 1} more problem(s))" if count > 1 else ""
+    return f"{place}: {_problem(first, holder, prefix)}{more}"
 
 
 # -- command-line options generated from the fields -----------------------------------
@@ -426,11 +472,16 @@ def _type_name(annotation: object) -> str:
         return " or ".join(_type_name(a) for a in arguments if a is not type(None))
     if origin is tuple:
         return f"list of {_type_name(arguments[0])}"
+    if origin is dict:
+        return f"mapping of {_type_name(arguments[0])} to {_type_name(arguments[1])}"
     if origin is Literal:
         return " \\| ".join(str(a) for a in arguments)
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return "{" + ", ".join(_keys(annotation)) + "}"
-    names = {int: "integer", float: "number", str: "name", bool: "true/false", IPv4Network: "IPv4 subnet"}
+        return "{" + ", ".join(_file_keys(annotation)) + "}"
+    names = {int: "integer", float: "number", str: "name", bool: "true/false", IPv4Network: "IPv4 subnet",
+             Path: "path"}
+    if annotation is Any:
+        return "any value"
     return names.get(annotation, str(annotation)) if isinstance(annotation, type) else str(annotation)
 
 
@@ -458,7 +509,8 @@ def _default_text(info: FieldInfo) -> str:
     default = info.get_default(call_default_factory=True)
     if isinstance(default, BaseModel):
         return "its defaults (below)"
-    return "—" if default is None or default == () else f"`{_value_text(default, info)}`"
+    unset = default is None or default in ((), "")
+    return "—" if unset else f"`{_value_text(default, info)}`"
 
 
 def reference_table(models: Mapping[str, type[ConfigModel]], options: bool = True) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import statistics
 from collections.abc import Iterator
@@ -20,12 +21,13 @@ from cxlssd.errors import ConfigError, InputError
 from cxlssd.experiments.observe import enable_cxl_tracing, trace_fields, trigger_poison_list, wait_for_trace
 from cxlssd.experiments.report import derive, summary, write_results
 from cxlssd.experiments.runner import POINTS_FILE, ExperimentRunner, load_points, roi_totals
-from cxlssd.experiments.spec import DEMO_FILE, experiment_from_dict, load_experiment
+from cxlssd.experiments.spec import DEMO_FILE, SECTIONS, experiment_from_dict, load_experiment
 from cxlssd.firmware.profile import load_profile
 from cxlssd.firmware.replay import replay_file
 from cxlssd.firmware.request import REQUEST_DTYPE, MarkerCmd, Op
 from cxlssd.firmware.synth import SynthSpec, synthesize
 from cxlssd.firmware.trace import TraceReader, TraceWriter
+from cxlssd.models import generated_section, reference_table
 from cxlssd.platform.inject import Poison, Uncorrectable, UncorrectableError
 from cxlssd.platform.machine import Platform
 
@@ -83,6 +85,13 @@ def test_points_cover_every_case_and_design_with_substituted_commands() -> None:
 def test_bad_definitions_are_clear_errors(change: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         experiment_from_dict({**BASE, **change}, "t.yaml")
+
+
+def test_the_docs_key_reference_is_generated_from_the_models() -> None:
+    doc = Path(__file__).resolve().parents[2] / "docs" / "experiments.md"
+    assert generated_section(doc, "experiment keys", reference_table(SECTIONS, options=False),
+                             update=bool(os.environ.get("CXLSSD_UPDATE_DOCS"))), (
+        "docs/experiments.md's key reference is stale: rerun with CXLSSD_UPDATE_DOCS=1")
 
 
 def _row(key: str, design: str, ns: int, flash: int, ok: bool = True) -> dict[str, Any]:
@@ -287,8 +296,9 @@ def _with_inject(*entries: dict[str, Any]) -> dict[str, Any]:
         (_with_inject({"at": "end", "kind": "uncorrectable", "errors": [7]}), "error is a type"),
         (_with_inject({"at": "start", "kind": "poison", "dpa": 0, "length": 128},
                       {"at": "end", "kind": "poison", "dpa": 64}), "overlaps poison"),
-        ({"repeat": 0}, "repeat must be a whole number"),
-        ({"workloads": [{"name": "x", "command": ["chase"], "repeat": "3"}]}, "repeat must be"),
+        ({"repeat": 0}, "t.yaml: repeat: expected a whole number of runs, 1..100, got 0"),
+        ({"workloads": [{"name": "x", "command": ["chase"], "repeat": "3"}]},
+         "workloads[0].repeat: expected a whole number of runs"),
         ({"workloads": [{"name": "x", "command": ["chase"], "sweep": {"cache.wayz": [4]}}]}, "cache.wayz"),
         ({"workloads": [{"name": "x", "command": ["chase"], "sweep": {"cache.ways": ["many"]}}]},
          "sweep cache.ways=many under base-cssd"),
@@ -296,9 +306,11 @@ def _with_inject(*entries: dict[str, Any]) -> dict[str, Any]:
         ({"workloads": [], "traces": [{"name": "z", "synth": SYNTH, "sweep": {"size": [1]}}]},
          "'size' is not a profile key"),
         ({"workloads": [], "traces": [{"name": "z"}]}, "either path"),
-        ({"traces": [{"name": "z", "synth": {**SYNTH, "pattern": "zipfy"}}]}, "unknown pattern"),
+        ({"traces": [{"name": "z", "synth": {**SYNTH, "pattern": "zipfy"}}]},
+         "traces[0].synth.pattern: expected one of uniform, zipf, sequential, hotset, got 'zipfy' "
+         "(did you mean 'zipf'?)"),
         ({"workloads": [], "traces": [{"name": "z", "synth": {**SYNTH, "requests": "many"}}]},
-         "requests: expected a value like"),
+         "traces[0].synth.requests: expected an integer, got 'many'"),
         ({"traces": [{"name": "z", "synth": {**SYNTH, "theta": 1}}]}, "did you mean 'zipf_theta'"),
         ({"traces": [{"name": "chase", "synth": SYNTH}]}, "same name"),
         ({"workloads": []}, "workloads (live) or traces (replay)"),
