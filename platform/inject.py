@@ -211,15 +211,18 @@ def _defined_bits(allowed: Mapping[str, int]) -> AfterValidator:
     return AfterValidator(check)
 
 
-def _cacheline_aligned(value: int) -> int:
-    if value < 0:
-        raise ValueError(f"{value!r} must be a non-negative address, e.g. 0x1000")
-    if value % CACHELINE:
-        down = value - value % CACHELINE
-        raise ValueError(
-            f"{value:#x} is not 64-byte aligned (QEMU requires it); use {down:#x} or {down + CACHELINE:#x}"
-        )
-    return value
+def _multiple_of(unit_bytes: int, negative: str, not_multiple: str) -> AfterValidator:
+    """A non-negative multiple of ``unit_bytes`` (else ``value`` plus ``negative``, or plus
+    ``not_multiple`` and the two nearest multiples)."""
+    def check(value: int) -> int:
+        if value < 0:
+            raise ValueError(f"{value!r} {negative}")
+        if value % unit_bytes:
+            down = value - value % unit_bytes
+            raise ValueError(f"{value:#x} {not_multiple}; use {down:#x} or {down + unit_bytes:#x}")
+        return value
+
+    return AfterValidator(check)
 
 
 def _device_index(value: int) -> int:
@@ -228,7 +231,8 @@ def _device_index(value: int) -> int:
     return value
 
 
-Dpa = Annotated[StrictInt, AfterValidator(_cacheline_aligned)]
+Dpa = Annotated[StrictInt, _multiple_of(CACHELINE, "must be a non-negative address, e.g. 0x1000",
+                                          "is not 64-byte aligned (QEMU requires it)")]
 U6 = Annotated[StrictInt, _unsigned(6)]
 U8 = Annotated[StrictInt, _unsigned(8)]
 U16 = Annotated[StrictInt, _unsigned(16)]
@@ -620,16 +624,9 @@ class MemoryModuleEvent(_Event):
         }
 
 
-def _dc_block_multiple(value: int) -> int:
-    if value < 0:
-        raise ValueError(f"{value!r} must be a non-negative byte count")
-    if value % DC_BLOCK_BYTES:
-        down = value - value % DC_BLOCK_BYTES
-        raise ValueError(
-            f"{value:#x} is not a multiple of the DC block size {format_size(DC_BLOCK_BYTES)} (QEMU's); "
-            f"use {down:#x} or {down + DC_BLOCK_BYTES:#x}"
-        )
-    return value
+DcBlockMultiple = Annotated[StrictInt, _multiple_of(
+    DC_BLOCK_BYTES, "must be a non-negative byte count",
+    f"is not a multiple of the DC block size {format_size(DC_BLOCK_BYTES)} (QEMU's)")]
 
 
 class DcExtent(ConfigModel):
@@ -637,8 +634,8 @@ class DcExtent(ConfigModel):
     both multiples of QEMU's 2 MiB DC block."""
 
     label: ClassVar[str] = "DC extent"
-    offset: Annotated[StrictInt, AfterValidator(_dc_block_multiple)]
-    length: Annotated[StrictInt, AfterValidator(_dc_block_multiple)]
+    offset: DcBlockMultiple
+    length: DcBlockMultiple
 
     @field_validator("length")
     @classmethod
