@@ -22,11 +22,21 @@
  * and Order-Status customers by last name, 1 % of New-Orders rolled back on an unused item,
  * 1 % remote supply and 15 % remote customers when W > 1), from a fixed seed.
  *
+ * With --threads T the warehouses are partitioned among T POSIX threads, as main-memory OLTP
+ * engines run TPC-C (H-Store, DBx1000: a partition of warehouses a thread): thread k owns a
+ * database of its own, a connection holding a contiguous share of the warehouses (each
+ * loaded as with one thread) and its copy of the read-only item table, and runs its share
+ * of the transactions on them from a generator of its own (thread 0's is the one-thread
+ * sequence), so no result depends on the scheduling. Remote supply warehouses and customers
+ * are drawn within the thread's partition (when it has more than one warehouse), a
+ * deviation from TPC-C. Every connection's pages come from the one page cache.
+ *
  * Self-check after the ROI: TPC-C's consistency conditions 1-10 and 12 (clause 3.3.2) as
  * SQL queries, none may find a violation; and the work the transactions committed, as
  * counted by the program (orders, order lines, payments and their amounts, deliveries,
- * stock quantities), must be in the database. The checksum hashes every transaction's
- * results in order. One JSON line on stdout; exit 0, 1 if the check failed (or SQLite
+ * stock quantities), must be in the database (both for every partition). The checksum
+ * hashes every transaction's results in order (a thread's, and with threads their hashes
+ * in thread order). One JSON line on stdout; exit 0, 1 if the check failed (or SQLite
  * failed), 2 for a usage error.
  */
 #define _GNU_SOURCE /* memfd_create */
@@ -62,11 +72,11 @@
 #define BYTES_PER_TRANSACTION 340u
 #define BYTES_FIXED (64u << 10) /* schema, warehouses, districts, partly filled pages */
 #define PAGE_CACHE_SLACK 1.10    /* room for B-tree splits the model does not see */
-/* SQLite's heap after the load: schema and statements, and the page cache's hash table. */
+/* SQLite's heap after the load: schema and statements (a connection's), and the page cache's hash table. */
 #define HEAP_BYTES (128u << 10)
 #define HEAP_BYTES_PER_PAGE 16u
 
-/* Generators (wl_stream): the load, the transactions. */
+/* Generators (wl_stream): the load, the transactions (thread k's: STREAM_RUN + k). */
 #define STREAM_LOAD 1ull
 #define STREAM_RUN 2ull
 
@@ -84,33 +94,39 @@
 
 static const char USAGE[] =
     "usage: tpcc [--warehouses W | --footprint BYTES] [--customers C] [--items I]\n"
-    "            [--transactions N] [--seed S] [--roi ID]\n"
+    "            [--transactions N] [--threads T] [--seed S] [--roi ID]\n"
     "  --warehouses    warehouses (default 1)\n"
     "  --footprint     pick the warehouses so that the database and SQLite's heap fit BYTES\n"
     "                  (~8 MiB a warehouse at the default scale)\n"
     "  --customers     customers a district, 10..3000 (default 300; TPC-C: 3000)\n"
     "  --items         items, each with a stock row a warehouse, 100..100000 (default 10000;\n"
     "                  TPC-C: 100000)\n"
-    "  --transactions  transactions of the TPC-C mix in the measured phase (default 100)\n" WL_COMMON_USAGE;
+    "  --transactions  transactions of the TPC-C mix in the measured phase (default 100)\n"
+    "  --threads       POSIX threads, each running its share of the transactions on a database\n"
+    "                  of its own partition of the warehouses, 1..W (default 1)\n" WL_COMMON_USAGE;
 
 struct options {
-    uint64_t warehouses, customers, items, transactions;
+    uint64_t warehouses, customers, items, transactions, threads;
     uint64_t slot_bytes; /* a page cache slot: a page and SQLite's header for it */
     struct wl_common common;
 };
 
-/* The database's bytes for W warehouses and N transactions (the measured model above). */
-static uint64_t database_bytes(uint64_t warehouses, uint64_t customers, uint64_t items, uint64_t transactions)
+/* The bytes of `partitions` databases holding W warehouses between them and N transactions' work
+ * (the measured model above): each has the schema and a copy of the item table. */
+static uint64_t database_bytes(uint64_t warehouses, uint64_t partitions, uint64_t customers, uint64_t items,
+                               uint64_t transactions)
 {
-    return BYTES_FIXED + items * BYTES_PER_ITEM +
+    return partitions * (BYTES_FIXED + items * BYTES_PER_ITEM) +
            warehouses * (items * BYTES_PER_STOCK + DISTRICTS * customers * BYTES_PER_CUSTOMER) +
            transactions * BYTES_PER_TRANSACTION;
 }
 
-/* The page cache's pages: the database's, with slack. */
-static uint64_t page_cache_pages(uint64_t warehouses, uint64_t customers, uint64_t items, uint64_t transactions)
+/* The page cache's pages: the databases', with slack. */
+static uint64_t page_cache_pages(uint64_t warehouses, uint64_t partitions, uint64_t customers, uint64_t items,
+                                 uint64_t transactions)
 {
-    return (uint64_t)(PAGE_CACHE_SLACK * (double)database_bytes(warehouses, customers, items, transactions)) /
+    return (uint64_t)(PAGE_CACHE_SLACK *
+                      (double)database_bytes(warehouses, partitions, customers, items, transactions)) /
            PAGE_BYTES;
 }
 
@@ -132,30 +148,38 @@ static uint64_t slot_bytes(void)
     return PAGE_BYTES + ((uint64_t)header_bytes + 7) / 8 * 8;
 }
 
-/* The data's bytes: the page cache and SQLite's heap (schema, statements). */
+/* The data's bytes: the page cache and SQLite's heap (schema, statements: a connection a thread). */
 static uint64_t footprint_bytes(uint64_t warehouses, const struct options *opt)
 {
-    return page_cache_pages(warehouses, opt->customers, opt->items, opt->transactions) *
-               (opt->slot_bytes + HEAP_BYTES_PER_PAGE) + HEAP_BYTES;
+    return page_cache_pages(warehouses, opt->threads, opt->customers, opt->items, opt->transactions) *
+               (opt->slot_bytes + HEAP_BYTES_PER_PAGE) + opt->threads * HEAP_BYTES;
 }
 
 static struct options parse_options(int argc, char **argv)
 {
     struct options opt = {.warehouses = DEFAULT_WAREHOUSES, .customers = DEFAULT_CUSTOMERS,
-                          .items = DEFAULT_ITEMS, .transactions = DEFAULT_TRANSACTIONS,
+                          .items = DEFAULT_ITEMS, .transactions = DEFAULT_TRANSACTIONS, .threads = 1,
                           .slot_bytes = slot_bytes(), .common = WL_COMMON_DEFAULTS};
     struct wl_option options[] = {
         WL_SIZED("warehouses", &opt.warehouses, 1, MAX_WAREHOUSES),
         WL_COUNT("customers", &opt.customers, 10, MAX_CUSTOMERS),
         WL_SIZE("items", &opt.items, 100, MAX_ITEMS),
         WL_SIZE("transactions", &opt.transactions, 0, UINT32_MAX),
+        WL_COUNT("threads", &opt.threads, 1, WL_MAX_THREADS),
         WL_END,
     };
     wl_parse(argc, argv, options, &opt.common);
     if (opt.common.footprint != 0) {
-        const uint64_t fixed = footprint_bytes(0, &opt);
-        opt.warehouses = wl_footprint_items(&opt.common, "warehouses", footprint_bytes(1, &opt) - fixed, fixed, 1,
-                                            MAX_WAREHOUSES);
+        const uint64_t fixed = footprint_bytes(0, &opt), per_warehouse = footprint_bytes(1, &opt) - fixed;
+        opt.warehouses = wl_footprint_items(&opt.common, "warehouses", per_warehouse, fixed, 1, MAX_WAREHOUSES);
+        if (opt.threads > opt.warehouses)
+            wl_usage_error("--threads %" PRIu64 ": --footprint %" PRIu64 " holds %" PRIu64 " warehouses, and each"
+                           " thread owns at least one; give --footprint %" PRIu64 " or more, or fewer --threads",
+                           opt.threads, opt.common.footprint, opt.warehouses, fixed + opt.threads * per_warehouse);
+    } else if (opt.threads > opt.warehouses) {
+        wl_usage_error("--threads %" PRIu64 ": more than the %" PRIu64 " warehouses, and each thread owns at least"
+                       " one; give --warehouses %" PRIu64 " or more, or fewer --threads",
+                       opt.threads, opt.warehouses, opt.threads);
     }
     return opt;
 }
@@ -416,16 +440,34 @@ static void set_pragmas(sqlite3 *db)
 }
 
 /*
- * An in-memory database for one thread, its pages in `page_cache` (`slots` slots of
- * `slot_bytes`; NULL: SQLite's own), temporary tables and sorts (Stock-Level's DISTINCT, the
- * index builds, the check's GROUP BYs) in memory too.
+ * SQLite's process-wide configuration, made once before it starts: the pages of every
+ * database in `page_cache` (`slots` slots of `slot_bytes`; NULL: SQLite's own). One thread:
+ * single-thread mode, no mutex at all. Threads: multi-thread mode (a connection is used by
+ * one thread at a time; what the connections share, the allocator and the page cache's
+ * slots, is under SQLite's mutexes), which needs a library built thread-safe (Debian's is,
+ * SQLITE_THREADSAFE=1).
  */
-static void db_open(struct db *db, void *page_cache, int slot_bytes, int slots)
+static void configure_sqlite(uint64_t threads, void *page_cache, int slot_bytes, int slots)
 {
-    configure(sqlite3_config(SQLITE_CONFIG_SINGLETHREAD));
+    if (threads > 1 && !sqlite3_threadsafe()) {
+        fprintf(stderr, "%s: --threads %" PRIu64 " needs a thread-safe SQLite; this one (%s) has no mutexes\n",
+                wl_program.name, threads, sqlite3_libversion());
+        exit(1);
+    }
+    configure(sqlite3_config(threads > 1 ? SQLITE_CONFIG_MULTITHREAD : SQLITE_CONFIG_SINGLETHREAD));
     if (page_cache != NULL)
         configure(sqlite3_config(SQLITE_CONFIG_PAGECACHE, page_cache, slot_bytes, slots));
-    if (sqlite3_open(":memory:", &db->handle) != SQLITE_OK)
+}
+
+/*
+ * An in-memory database, its connection used by one thread at a time (no mutex of its own),
+ * temporary tables and sorts (Stock-Level's DISTINCT, the index builds, the check's GROUP
+ * BYs) in memory too.
+ */
+static void db_open(struct db *db)
+{
+    if (sqlite3_open_v2(":memory:", &db->handle, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+                        NULL) != SQLITE_OK)
         sqlite_fail(db->handle, "to open the database");
     set_pragmas(db->handle);
 }
@@ -525,9 +567,12 @@ struct totals {
     uint64_t order_lines, quantity, remote_lines, delivered, payment_cents;
 };
 
+/* A thread's benchmark: its partition's database, parameters and generator (one thread: all of it). */
 struct tpcc {
-    struct db db;
-    int64_t warehouses, customers, items;
+    _Alignas(64) struct db db; /* cache lines of its own: the threads' hot fields share none */
+    int64_t first_warehouse, warehouses; /* the partition: warehouses first_warehouse.. (W of them) */
+    uint64_t transactions;               /* the thread's share of the ROI's */
+    int64_t customers, items;
     int64_t names;       /* distinct last names a district: min(1000, C / 3), as 1000 of 3000 */
     int64_t undelivered; /* initial new orders a district: the last 30 % */
     int64_t initial_lines;
@@ -634,33 +679,38 @@ static void load_orders(struct tpcc *t, uint64_t *state, int64_t w, int64_t d)
     }
 }
 
-static void load(struct tpcc *t)
+/* The partition's database; `state` is the generator of its first warehouse, left at the next
+ * partition's: a warehouse's data is the same for any number of partitions. */
+static void load(struct tpcc *t, uint64_t *state)
 {
     struct db *db = &t->db;
-    uint64_t state = wl_stream(t->seed, STREAM_LOAD);
+    /* The stream's first draws: the same items in every partition's copy of the table. */
+    uint64_t items = wl_stream(t->seed, STREAM_LOAD);
     char name[11], fields[5][21];
     run(db, db->stmt[BEGIN]);
-    load_items(t, &state);
-    for (int64_t w = 1; w <= t->warehouses; w++) {
-        a_string(&state, name, 6, 10);
-        address(&state, fields);
-        sqlite3_stmt *stmt = QUERY(db, INSERT_WAREHOUSE, w, 0, 0, 0, 0, 0, 0, uniform(&state, 0, 2000),
+    load_items(t, &items);
+    if (t->first_warehouse == 1)
+        *state = items; /* warehouse 1's draws follow the items' */
+    for (int64_t w = t->first_warehouse; w < t->first_warehouse + t->warehouses; w++) {
+        a_string(state, name, 6, 10);
+        address(state, fields);
+        sqlite3_stmt *stmt = QUERY(db, INSERT_WAREHOUSE, w, 0, 0, 0, 0, 0, 0, uniform(state, 0, 2000),
                                    DISTRICTS * t->customers * INITIAL_YTD_CENTS);
         bind_text(db, stmt, 2, name);
         bind_address(db, stmt, 3, fields);
         run(db, stmt);
-        load_stock(t, &state, w);
+        load_stock(t, state, w);
         for (int64_t d = 1; d <= DISTRICTS; d++) {
-            a_string(&state, name, 6, 10);
-            address(&state, fields);
-            stmt = QUERY(db, INSERT_DISTRICT, district_key(w, d), w, d, 0, 0, 0, 0, 0, 0, uniform(&state, 0, 2000),
+            a_string(state, name, 6, 10);
+            address(state, fields);
+            stmt = QUERY(db, INSERT_DISTRICT, district_key(w, d), w, d, 0, 0, 0, 0, 0, 0, uniform(state, 0, 2000),
                          t->customers * INITIAL_YTD_CENTS, t->customers + 1);
             bind_text(db, stmt, 4, name);
             bind_address(db, stmt, 5, fields);
             run(db, stmt);
             for (int64_t c = 1; c <= t->customers; c++)
-                load_customer(t, &state, w, d, c);
-            load_orders(t, &state, w, d);
+                load_customer(t, state, w, d, c);
+            load_orders(t, state, w, d);
         }
     }
     run(db, db->stmt[COMMIT]);
@@ -669,10 +719,10 @@ static void load(struct tpcc *t)
 
 /* ---- the transactions (clause 2) ---------------------------------------------------------- */
 
-/* A warehouse other than `w` (W > 1). */
+/* A warehouse of the partition other than `w` (W > 1). */
 static int64_t other_warehouse(struct tpcc *t, int64_t w)
 {
-    const int64_t other = uniform(&t->state, 1, t->warehouses - 1);
+    const int64_t other = uniform(&t->state, t->first_warehouse, t->first_warehouse + t->warehouses - 2);
     return other < w ? other : other + 1;
 }
 
@@ -893,7 +943,7 @@ __attribute__((noinline)) static void run_transactions(struct tpcc *t, uint64_t 
 {
     for (uint64_t i = 0; i < count; i++) {
         t->clock++;
-        const int64_t w = uniform(&t->state, 1, t->warehouses);
+        const int64_t w = uniform(&t->state, t->first_warehouse, t->first_warehouse + t->warehouses - 1);
         const uint64_t kind = wl_below(&t->state, 100);
         if (kind < NEW_ORDER_PERCENT)
             new_order(t, w);
@@ -979,16 +1029,17 @@ static int64_t single_value(sqlite3 *db, const char *sql, int64_t *values, int c
     return values[0];
 }
 
-/* Violations of the consistency conditions and mismatches of the committed work (0: passed). */
-static uint64_t check(const struct tpcc *t)
+/* Violations of the consistency conditions and mismatches of the committed work (0: passed), in
+ * the partition's database (`where` in messages: which one). */
+static uint64_t check(const struct tpcc *t, const char *where)
 {
     uint64_t violations = 0;
     for (size_t i = 0; i < sizeof CONDITIONS / sizeof CONDITIONS[0]; i++) {
         int64_t found;
         single_value(t->db.handle, CONDITIONS[i].sql, &found, 1);
         if (found != 0)
-            fprintf(stderr, "%s: consistency condition %u: %" PRId64 " violations\n", wl_program.name,
-                    CONDITIONS[i].number, found);
+            fprintf(stderr, "%s: consistency condition %u%s: %" PRId64 " violations\n", wl_program.name,
+                    CONDITIONS[i].number, where, found);
         violations += (uint64_t)found;
     }
     const struct totals *r = &t->totals;
@@ -1012,8 +1063,8 @@ static uint64_t check(const struct tpcc *t)
     single_value(t->db.handle, TOTALS_SQL, found, TOTALS_COLUMNS);
     for (int i = 0; i < TOTALS_COLUMNS; i++)
         if (found[i] != expected[i]) {
-            fprintf(stderr, "%s: committed work: %s is %" PRId64 " in the database, %" PRId64 " by the run\n",
-                    wl_program.name, TOTALS[i], found[i], expected[i]);
+            fprintf(stderr, "%s: committed work%s: %s is %" PRId64 " in the database, %" PRId64 " by the run\n",
+                    wl_program.name, where, TOTALS[i], found[i], expected[i]);
             violations++;
         }
     return violations;
@@ -1024,26 +1075,31 @@ static uint64_t check(const struct tpcc *t)
 /*
  * SQLite takes ~10^4 instructions and thousands of memory accesses a row, which bound to the
  * CXL node (emulated as MMIO, ~1 us each) would cost the load and the check many minutes.
- * They run in child processes on the default (local) node instead, which hand the database
- * over as an image (a serialized database) in memory shared with them: only what the
- * measured process keeps, its page cache and heap, is placed by the caller. A child is this
+ * They run in child processes on the default (local) node instead, which hand the databases
+ * (one a partition) over as images (serialized databases) in memory shared with them: only
+ * what the measured process keeps, its page cache and heap, is placed by the caller. A child is this
  * program again (exec'd: a fork would keep running on pages the parent touched, its stack,
  * relocations and libraries' data), with CHILD_ENV saying its part, "load FD" or "check FD".
  */
 #define CHILD_ENV "CXLSSD_TPCC_CHILD"
 
-/* The memory shared with the children (a memfd): their results and the database image. */
-struct shared {
-    int64_t initial_lines; /* the load's order lines */
-    int64_t image_bytes;   /* the image's size */
-    struct totals totals;  /* the run's, for the check */
-    uint64_t violations;   /* the check's */
-    uint64_t check_bytes;  /* SQLite's heap the check took */
-    unsigned char image[];
+/* A partition's database image in the shared memory, and what the processes say about it. */
+struct image {
+    int64_t offset, capacity; /* where the image is, from the shared memory's start, and its room */
+    int64_t bytes;            /* the image's size */
+    int64_t initial_lines;    /* the load's order lines */
+    struct totals totals;     /* the run's, for the check */
+    uint64_t violations;      /* the check's */
 };
 
-/* The shared memory of `image_capacity` bytes of image; its file descriptor in `fd`. */
-static struct shared *map_shared(int fd, int64_t *image_capacity)
+/* The memory shared with the children (a memfd): their results and the images, one a thread. */
+struct shared {
+    uint64_t check_bytes; /* SQLite's heap the check took */
+    struct image images[WL_MAX_THREADS];
+};
+
+/* The shared memory, from its file descriptor `fd`. */
+static struct shared *map_shared(int fd)
 {
     struct stat file;
     if (fstat(fd, &file) != 0 || (size_t)file.st_size <= sizeof(struct shared))
@@ -1051,16 +1107,34 @@ static struct shared *map_shared(int fd, int64_t *image_capacity)
     void *memory = mmap(NULL, (size_t)file.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (memory == MAP_FAILED)
         wl_fail("mmap of the shared memory", (uint64_t)file.st_size);
-    *image_capacity = file.st_size - (int64_t)sizeof(struct shared);
     return memory;
 }
 
-/* Its pages are allocated where they are first written: an image written by a child is on node 0. */
-static int create_shared(int64_t image_capacity)
+static unsigned char *image_data(struct shared *shared, const struct image *image)
 {
-    const int fd = memfd_create("tpcc", 0); /* inherited by the children */
-    if (fd < 0 || ftruncate(fd, (off_t)sizeof(struct shared) + image_capacity) != 0)
-        wl_fail("memfd for the shared memory", (uint64_t)image_capacity);
+    return (unsigned char *)shared + image->offset;
+}
+
+/*
+ * The shared memory, with room for each partition's image (twice its page cache: only what is
+ * written is allocated, and where it is first written, so an image a child writes is on node
+ * 0); its file descriptor, inherited by the children.
+ */
+static int create_shared(const struct tpcc *parts, const struct options *opt, struct shared **shared)
+{
+    int64_t offset[WL_MAX_THREADS + 1]; /* image k: offset[k] .. offset[k + 1] */
+    offset[0] = ((int64_t)sizeof(struct shared) + PAGE_BYTES - 1) / PAGE_BYTES * PAGE_BYTES;
+    for (uint64_t k = 0; k < opt->threads; k++)
+        offset[k + 1] = offset[k] + 2 * PAGE_BYTES *
+                                        (int64_t)page_cache_pages((uint64_t)parts[k].warehouses, 1, opt->customers,
+                                                                  opt->items, parts[k].transactions);
+    const int64_t bytes = offset[opt->threads];
+    const int fd = memfd_create("tpcc", 0);
+    if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0)
+        wl_fail("memfd for the shared memory", (uint64_t)bytes);
+    *shared = map_shared(fd);
+    for (uint64_t k = 0; k < opt->threads; k++)
+        (*shared)->images[k] = (struct image){.offset = offset[k], .capacity = offset[k + 1] - offset[k]};
     return fd;
 }
 
@@ -1085,15 +1159,28 @@ static void copy_database(sqlite3 *to, sqlite3 *from)
         sqlite_fail(to, "to copy the database");
 }
 
-/* Database `db` into the shared image. */
-static void save_image(sqlite3 *db, struct shared *shared, int64_t capacity)
+/* Database `db` into its shared image. */
+static void save_image(sqlite3 *db, struct shared *shared, struct image *image)
 {
-    sqlite3 *image = open_image(shared->image, 0, capacity, 0);
-    copy_database(image, db);
+    sqlite3 *copy = open_image(image_data(shared, image), 0, image->capacity, 0);
+    copy_database(copy, db);
     int64_t pages;
-    single_value(image, "PRAGMA page_count", &pages, 1);
-    shared->image_bytes = pages * PAGE_BYTES;
-    sqlite3_close(image);
+    single_value(copy, "PRAGMA page_count", &pages, 1);
+    image->bytes = pages * PAGE_BYTES;
+    sqlite3_close(copy);
+}
+
+/* A partition's shared image, opened read-only. */
+static sqlite3 *open_saved(struct shared *shared, const struct image *image)
+{
+    return open_image(image_data(shared, image), image->bytes, image->capacity, SQLITE_DESERIALIZE_READONLY);
+}
+
+static void db_close(struct db *db)
+{
+    for (int s = 0; s < STMT_COUNT; s++)
+        sqlite3_finalize(db->stmt[s]);
+    sqlite3_close(db->handle);
 }
 
 /* SQLite's heap in use, and its high-water mark since the last call (which resets it). */
@@ -1127,8 +1214,8 @@ static void run_child(const char *part, int fd, char **argv)
     }
 }
 
-/* The child's part: the load into an image, or the check of one. */
-static int child_main(struct tpcc *t, const char *part)
+/* The child's part: the load of every partition into its image, or the check of each one. */
+static int child_main(struct tpcc *parts, const struct options *opt, const char *part)
 {
     char role[8];
     int fd;
@@ -1136,23 +1223,37 @@ static int child_main(struct tpcc *t, const char *part)
         fprintf(stderr, "%s: %s='%s' is not a part\n", wl_program.name, CHILD_ENV, part);
         return 1;
     }
-    int64_t capacity;
-    struct shared *shared = map_shared(fd, &capacity);
+    struct shared *shared = map_shared(fd);
     if (strcmp(role, "load") == 0) {
-        db_open(&t->db, NULL, 0, 0);
-        exec_sql(t->db.handle, SCHEMA);
-        db_prepare(&t->db);
-        load(t);
-        save_image(t->db.handle, shared, capacity);
-        shared->initial_lines = t->initial_lines;
+        configure_sqlite(1, NULL, 0, 0); /* the check child keeps SQLite's default (serialized) mode */
+        uint64_t state = 0; /* set by the first partition's load, continued by the next ones */
+        for (uint64_t k = 0; k < opt->threads; k++) {
+            struct tpcc *t = &parts[k];
+            db_open(&t->db);
+            exec_sql(t->db.handle, SCHEMA);
+            db_prepare(&t->db);
+            load(t, &state);
+            save_image(t->db.handle, shared, &shared->images[k]);
+            shared->images[k].initial_lines = t->initial_lines;
+            db_close(&t->db);
+        }
         return 0;
     }
     uint64_t start, peak;
     heap_status(&start, &peak);
-    t->db.handle = open_image(shared->image, shared->image_bytes, capacity, SQLITE_DESERIALIZE_READONLY);
-    t->initial_lines = shared->initial_lines;
-    t->totals = shared->totals;
-    shared->violations = check(t);
+    for (uint64_t k = 0; k < opt->threads; k++) {
+        struct tpcc *t = &parts[k];
+        struct image *image = &shared->images[k];
+        t->db.handle = open_saved(shared, image);
+        t->initial_lines = image->initial_lines;
+        t->totals = image->totals;
+        char where[64] = ""; /* with threads, the partition a message is about */
+        if (opt->threads > 1)
+            snprintf(where, sizeof where, " in warehouses %" PRId64 "..%" PRId64, t->first_warehouse,
+                     t->first_warehouse + t->warehouses - 1);
+        image->violations = check(t, where);
+        sqlite3_close(t->db.handle);
+    }
     heap_status(&peak, &peak);
     shared->check_bytes = peak - start;
     return 0;
@@ -1160,11 +1261,19 @@ static int child_main(struct tpcc *t, const char *part)
 
 /* ---- main --------------------------------------------------------------------------------- */
 
-/* The benchmark's parameters and constants (the same in the children: from the same options). */
-static struct tpcc tpcc_make(const struct options *opt)
+/*
+ * Thread k's benchmark (the same in the children: from the same options): its partition, a
+ * contiguous share of the warehouses, and its share of the transactions; the parameters and
+ * NURand's constants (every thread's the same); its generator, thread 0's continuing after the
+ * constants as the one thread's does.
+ */
+static struct tpcc tpcc_make(const struct options *opt, uint64_t k)
 {
-    struct tpcc t = {.warehouses = (int64_t)opt->warehouses, .customers = (int64_t)opt->customers,
-                     .items = (int64_t)opt->items, .seed = opt->common.seed,
+    const uint64_t share = opt->warehouses / opt->threads, extra = opt->warehouses % opt->threads;
+    struct tpcc t = {.first_warehouse = (int64_t)(1 + k * share + (k < extra ? k : extra)),
+                     .warehouses = (int64_t)(share + (k < extra)),
+                     .transactions = opt->transactions / opt->threads + (k < opt->transactions % opt->threads),
+                     .customers = (int64_t)opt->customers, .items = (int64_t)opt->items, .seed = opt->common.seed,
                      .state = wl_stream(opt->common.seed, STREAM_RUN)};
     t.names = t.customers / 3 < 1000 ? t.customers / 3 : 1000;
     t.undelivered = t.customers * UNDELIVERED_PERCENT / 100;
@@ -1177,49 +1286,93 @@ static struct tpcc tpcc_make(const struct options *opt)
     } while (delta < 65 || delta > 119 || delta == 96 || delta == 112);
     t.c_id = uniform(&t.state, 0, 1023);
     t.ol_i_id = uniform(&t.state, 0, 8191);
+    if (k > 0)
+        t.state = wl_stream(opt->common.seed, STREAM_RUN + k);
     return t;
+}
+
+static void run_thread(uint64_t k, void *shared)
+{
+    struct tpcc *parts = shared;
+    run_transactions(&parts[k], parts[k].transactions);
+}
+
+static void add_totals(struct totals *sum, const struct totals *r)
+{
+    sum->new_orders += r->new_orders;
+    sum->rollbacks += r->rollbacks;
+    sum->payments += r->payments;
+    sum->order_status += r->order_status;
+    sum->deliveries += r->deliveries;
+    sum->stock_levels += r->stock_levels;
+    sum->order_lines += r->order_lines;
+    sum->quantity += r->quantity;
+    sum->remote_lines += r->remote_lines;
+    sum->delivered += r->delivered;
+    sum->payment_cents += r->payment_cents;
 }
 
 int main(int argc, char **argv)
 {
     wl_start("tpcc", USAGE);
     const struct options opt = parse_options(argc, argv);
-    struct tpcc t = tpcc_make(&opt);
+    static struct tpcc parts[WL_MAX_THREADS]; /* a thread's each */
+    for (uint64_t k = 0; k < opt.threads; k++)
+        parts[k] = tpcc_make(&opt, k);
     const char *part = getenv(CHILD_ENV);
     if (part != NULL)
-        return child_main(&t, part);
+        return child_main(parts, &opt, part);
 
-    /* The page cache: at most ~2^28 pages within the options' limits, an int for SQLite. */
-    const uint64_t pages = page_cache_pages(opt.warehouses, opt.customers, opt.items, opt.transactions);
-    const int fd = create_shared(2 * (int64_t)(pages * PAGE_BYTES)); /* only what is written is allocated */
-    int64_t capacity;
-    struct shared *shared = map_shared(fd, &capacity);
+    /* The page cache, every partition's: at most ~2^28 pages within the options' limits, an int for SQLite. */
+    const uint64_t pages =
+        page_cache_pages(opt.warehouses, opt.threads, opt.customers, opt.items, opt.transactions);
+    struct shared *shared;
+    const int fd = create_shared(parts, &opt, &shared);
     run_child("load", fd, argv);
-    t.initial_lines = shared->initial_lines;
-    t.by_name = wl_alloc((uint64_t)t.customers * sizeof *t.by_name);
+    for (uint64_t k = 0; k < opt.threads; k++) {
+        parts[k].initial_lines = shared->images[k].initial_lines;
+        parts[k].by_name = wl_alloc((uint64_t)parts[k].customers * sizeof *parts[k].by_name);
+    }
     void *page_cache = wl_alloc(pages * opt.slot_bytes);
-    db_open(&t.db, page_cache, (int)opt.slot_bytes, (int)pages);
-    sqlite3 *image = open_image(shared->image, shared->image_bytes, capacity, SQLITE_DESERIALIZE_READONLY);
-    copy_database(t.db.handle, image);
-    sqlite3_close(image);
-    db_prepare(&t.db);
+    configure_sqlite(opt.threads, page_cache, (int)opt.slot_bytes, (int)pages);
+    for (uint64_t k = 0; k < opt.threads; k++) {
+        db_open(&parts[k].db);
+        sqlite3 *image = open_saved(shared, &shared->images[k]);
+        copy_database(parts[k].db.handle, image);
+        sqlite3_close(image);
+        db_prepare(&parts[k].db);
+    }
     uint64_t heap, heap_peak;
     heap_status(&heap, &heap_peak);
     wl_count_alloc(heap);
 
     wl_roi_begin(&opt.common);
-    run_transactions(&t, opt.transactions);
-    wl_roi_end(&opt.common, &t.totals.payment_cents, sizeof t.totals.payment_cents);
+    if (opt.threads > 1)
+        wl_run_threads(opt.threads, run_thread, parts, NULL);
+    else
+        run_transactions(&parts[0], opt.transactions);
+    wl_roi_end(&opt.common, &parts[0].totals.payment_cents, sizeof parts[0].totals.payment_cents);
 
     heap_status(&heap, &heap_peak);
     sqlite3_int64 overflow, unused;
     sqlite3_status64(SQLITE_STATUS_PAGECACHE_OVERFLOW, &overflow, &unused, 0);
-    int64_t page_count;
-    single_value(t.db.handle, "PRAGMA page_count", &page_count, 1);
-    save_image(t.db.handle, shared, capacity);
-    shared->totals = t.totals;
+    int64_t page_count = 0;
+    struct totals totals = {0};
+    uint64_t checksum = parts[0].hash; /* with threads, their hashes combined in thread order */
+    for (uint64_t k = 0; k < opt.threads; k++) {
+        int64_t db_pages;
+        single_value(parts[k].db.handle, "PRAGMA page_count", &db_pages, 1);
+        page_count += db_pages;
+        save_image(parts[k].db.handle, shared, &shared->images[k]);
+        shared->images[k].totals = parts[k].totals;
+        add_totals(&totals, &parts[k].totals);
+        if (k > 0)
+            checksum = wl_hash(checksum, parts[k].hash);
+    }
     run_child("check", fd, argv);
-    const uint64_t violations = shared->violations;
+    uint64_t violations = 0;
+    for (uint64_t k = 0; k < opt.threads; k++)
+        violations += shared->images[k].violations;
     wl_count_alloc(shared->check_bytes);
 
     struct wl_json j = wl_report_begin();
@@ -1227,8 +1380,9 @@ int main(int argc, char **argv)
     wl_json_u64(&j, "customers", opt.customers);
     wl_json_u64(&j, "items", opt.items);
     wl_json_u64(&j, "transactions", opt.transactions);
+    wl_json_u64(&j, "threads", opt.threads);
     wl_report_data(&j, &opt.common);
-    const struct totals *r = &t.totals;
+    const struct totals *r = &totals;
     wl_json_u64(&j, "new_order", r->new_orders + r->rollbacks);
     wl_json_u64(&j, "payment", r->payments);
     wl_json_u64(&j, "order_status", r->order_status);
@@ -1243,5 +1397,5 @@ int main(int argc, char **argv)
     wl_json_u64(&j, "page_cache_overflow_bytes", (uint64_t)overflow);
     wl_json_u64(&j, "violations", violations);
     wl_json_str(&j, "sqlite_version", sqlite3_libversion());
-    return wl_report_end(&j, violations == 0, t.hash);
+    return wl_report_end(&j, violations == 0, checksum);
 }

@@ -45,6 +45,8 @@ SMALL = [
     ("kvstore", ["--records", "2000", "--ops", "5000"]),
     ("dlrm", ["--rows", "500", "--batches", "3"]),
     ("tpcc", ["--customers", "30", "--items", "1000", "--transactions", "200"]),
+    ("tpcc", ["--warehouses", "3", "--customers", "30", "--items", "1000", "--transactions", "200",
+              "--threads", "3"]),
 ]
 
 
@@ -250,15 +252,15 @@ def test_kvstore_threads_share_the_operations_and_end_at_the_same_versions(runti
 
 
 TPCC_DEFAULT_PARAMS = {
-    "warehouses": 1, "customers": 300, "items": 10000, "transactions": 100, "seed": 1, "roi": 1,
+    "warehouses": 1, "customers": 300, "items": 10000, "transactions": 100, "threads": 1, "seed": 1, "roi": 1,
 }
+TPCC_KINDS = ("new_order", "payment", "order_status", "delivery", "stock_level")
 
 
 def test_tpcc_default(runtime: Path) -> None:
     data = report(runtime, "tpcc")
     assert data["params"] == TPCC_DEFAULT_PARAMS
-    kinds = ("new_order", "payment", "order_status", "delivery", "stock_level")
-    assert sum(data[kind] for kind in kinds) == 100 and data["violations"] == 0
+    assert sum(data[kind] for kind in TPCC_KINDS) == 100 and data["violations"] == 0
     # The whole database in the page cache the program allocated, none in SQLite's overflow.
     assert data["page_cache_overflow_bytes"] == 0
     assert 7 * 2**20 < data["db_bytes"] <= data["page_cache_bytes"] < data["footprint_bytes"]
@@ -287,6 +289,43 @@ def test_tpcc_warehouses_from_a_footprint_and_remote_work(runtime: Path) -> None
     data = report(runtime, "tpcc", "--warehouses", "3", "--customers", "30", "--items", "1000",
                   "--transactions", "500")
     assert data["violations"] == 0 and data["params"]["warehouses"] == 3
+
+
+def test_tpcc_threads_own_a_partition_of_the_warehouses_each(runtime: Path) -> None:
+    """--threads T: each thread runs its share of the transactions on a database of its own
+    partition of the warehouses, from a generator of its own. Every partition passes TPC-C's
+    conditions and holds its thread's committed work (report() asserts the self-check), the
+    mix sums to the transactions, and a run gives the same results every time: on the host's
+    cores the threads really run at once, but nothing they compute depends on the interleaving
+    (except SQLite's heap peak, which is the process's). One thread is the program as it was."""
+    args = ["--warehouses", "3", "--customers", "30", "--items", "1000", "--transactions", "600"]
+    one = report(runtime, "tpcc", *args)
+    assert report(runtime, "tpcc", *args, "--threads", "1") == one
+    runs = [report(runtime, "tpcc", *args, "--threads", "3") for _ in range(2)]
+    data = runs[0]
+    assert data["params"] == {**one["params"], "threads": 3} and data["violations"] == 0
+    assert sum(data[kind] for kind in TPCC_KINDS) == 600
+    committed = data["new_order"] - data["rollbacks"]
+    assert 5 * committed <= data["order_lines"] <= 15 * committed
+    assert 0 < data["delivered_orders"] <= 10 * data["delivery"]
+    assert {key: value for key, value in runs[1].items() if key != "heap_peak_bytes"} == {
+        key: value for key, value in data.items() if key != "heap_peak_bytes"}
+    assert data["checksum"] != one["checksum"]  # threads 1 and 2 draw transactions of their own
+    # A database a thread (the schema and a copy of the item table each), in the one page cache.
+    assert data["db_bytes"] > one["db_bytes"] and data["page_cache_overflow_bytes"] == 0
+    # Partitions of 2, 2 and 1 warehouses: remote supply and customers within the first two.
+    data = report(runtime, "tpcc", *args[2:], "--warehouses", "5", "--threads", "3")
+    assert data["violations"] == 0 and sum(data[kind] for kind in TPCC_KINDS) == 600
+
+
+def test_tpcc_threads_with_warehouses_from_a_footprint(runtime: Path) -> None:
+    """--footprint with --threads: the warehouses that fit with a database a thread (each its
+    schema, item table and connection), at least one a thread."""
+    data = report(runtime, "tpcc", "--footprint", "48M", "--transactions", "30", "--threads", "3")
+    assert data["params"]["threads"] == 3 and data["params"]["warehouses"] >= 3
+    assert (48 - 9) * 2**20 < data["footprint_bytes"] <= 48 * 2**20
+    assert data["db_bytes"] <= data["page_cache_bytes"] and data["page_cache_overflow_bytes"] == 0
+    assert sum(data[kind] for kind in TPCC_KINDS) == 30
 
 
 @pytest.mark.parametrize(("name", "args"), SMALL)
@@ -341,6 +380,10 @@ BAD_ARGUMENTS = [(name, args, message) for name in WORKLOADS for args, message i
     ("tpcc", ["--footprint", "1M"], "--footprint 1048576 is too small"),
     ("tpcc", ["--customers", "5"], "--customers 5: must be 10..3000"),
     ("tpcc", ["--items", "200K"], "--items 200K: must be 100..100000"),
+    ("tpcc", ["--threads", "0"], "--threads 0: must be 1..256"),
+    ("tpcc", ["--warehouses", "2", "--threads", "3"], "--threads 3: more than the 2 warehouses"),
+    ("tpcc", ["--footprint", "32M", "--threads", "4"],
+     "--threads 4: --footprint 33554432 holds 3 warehouses"),
 ]
 
 
@@ -408,6 +451,21 @@ def test_tpcc_in_the_guest_on_the_cxl_node(default_platform: Platform, runtime: 
     data = json.loads(out)
     assert data["check_ok"] is True and data["violations"] == 0 and data["params"] == TPCC_DEFAULT_PARAMS
     assert data["checksum"] == report(runtime, "tpcc")["checksum"]
+
+
+@pytest.mark.guest
+def test_tpcc_threads_in_the_guest_on_the_cxl_node(default_platform: Platform, runtime: Path) -> None:
+    """--threads 3 with the guest's SQLite (Debian trixie's, built thread-safe: multi-thread
+    mode, a connection a thread), bound to the CXL node: the host's results."""
+    args = ["--warehouses", "3", "--customers", "30", "--items", "1000", "--transactions", "300",
+            "--threads", "3"]
+    node = default_platform.devices[0].node
+    command = ["numactl", f"--membind={node}", "tpcc", *args]
+    status, out, err = default_platform.guest().run(with_guest_env(command))
+    assert status == 0, err.decode()
+    data = json.loads(out)
+    assert data["check_ok"] is True and data["violations"] == 0 and data["params"]["threads"] == 3
+    assert data["checksum"] == report(runtime, "tpcc", *args)["checksum"]
 
 
 @pytest.mark.slow
