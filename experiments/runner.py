@@ -447,6 +447,7 @@ def live_row(experiment: Experiment, platform: Platform, point: Point) -> dict[s
     row = point_row(point, status, out, err, session.results)
     row["instance"] = platform.name  # which guest ran it (a run may boot more than one)
     row["knobs"] = session.results.get("knobs", [])
+    row["placement"] = session.results.get("placement")
     if scenario is not None:
         row["qmp"] = scenario.observations()
     return row

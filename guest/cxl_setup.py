@@ -7,6 +7,9 @@ ndctl 81), and onlines the new memory ZONE_MOVABLE (the kernel boots with
 ``memhp_default_state=offline``), so only workload pages land on the device.
 Turns transparent huge pages off: the device model and its page promotion work
 on 4 KiB pages, and move_pages(2) on a huge page would move 512 of them at once.
+Turns address-space randomization off: a program then faults its pages in the same
+order in every run, so with the node's free memory reset (reset_placement.py) it gets
+the same physical pages (docs/live.md, "Placement").
 Prints one JSON line: a list of devices with memdev, host bridge bus number,
 region, HPA base, DPA base, size and NUMA node.
 """
@@ -23,6 +26,7 @@ from typing import Any
 CXL = "/sys/bus/cxl/devices"
 MODULES = ("cxl_acpi", "cxl_pci", "cxl_mem", "dax_cxl", "device_dax", "kmem")
 THP = "/sys/kernel/mm/transparent_hugepage/enabled"
+ASLR = "/proc/sys/kernel/randomize_va_space"
 
 
 def read(path: str) -> str:
@@ -70,11 +74,17 @@ def node_blocks(node: int) -> int:
     return len(glob.glob(f"/sys/devices/system/node/node{node}/memory[0-9]*"))
 
 
+def block_number(path: str) -> int:
+    return int(path.split("/memory")[-1].split("/")[0])
+
+
 def main() -> None:
     expected = int(sys.argv[1])
     if os.path.exists(THP):
         with open(THP, "w") as f:
             f.write("never")
+    with open(ASLR, "w") as f:
+        f.write("0")
     subprocess.run(["modprobe", "-a", *MODULES], check=True)
     wait_for(lambda: memdevs_ready(expected), f"{expected} CXL memdevs")
     devices: list[dict[str, Any]] = []
@@ -125,7 +135,7 @@ def main() -> None:
         device["dax"] = dax
         device["node"] = node
     # Every offline block is CXL memory: boot memory is online, hotplugged memory is not.
-    for state in glob.glob("/sys/devices/system/memory/memory*/state"):
+    for state in sorted(glob.glob("/sys/devices/system/memory/memory*/state"), key=block_number):
         if read(state) == "offline":
             with open(state, "w") as f:
                 f.write("online_movable")

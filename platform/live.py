@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import cxlssd
 from cxlssd.abi.protocol import RING_ATTACHED
 from cxlssd.abi.ring import RequestRing, RingError
-from cxlssd.errors import ConfigError, FirmwareError
+from cxlssd.errors import ConfigError, FirmwareError, GuestError
 from cxlssd.firmware.profile import Profile, load_profile, parse_override
 from cxlssd.guest.runtime.install import with_guest_env
 from cxlssd.lifecycle import Lifecycle, ProcessId, describe_exit
@@ -225,6 +225,7 @@ class LiveSession(Lifecycle):
                 f"lower it (--set migration.host_capacity_bytes=256MiB) or give the guest more DRAM"
             )
         self._firmware: FirmwareProcess | None = None
+        self.placement = "not started"
 
     def _begin(self) -> None:
         self.start()
@@ -244,6 +245,18 @@ class LiveSession(Lifecycle):
     def start(self) -> None:
         platform = self.platform
         files = platform.plugin_files()
+        # What a run's physical placement started from (docs/live.md, "Placement").
+        self.placement = "reset"
+        if self.dram_only:
+            self.placement = "not reset: node 0 holds the guest kernel's memory too"
+        else:
+            # While the plugin sleeps: offlining may move leftover pages through the device.
+            try:
+                platform.reset_placement(self.node)
+            except GuestError as error:
+                self.placement = f"not reset: {error}"
+                log.warning("the CXL node's placement is not reset, so this run's physical pages "
+                            "(and conflict misses) may differ from other runs': %s", error)
         # Firmware knobs (./cxlssd inject ... flash-latency) are appended here while it runs.
         control = control_path(files.ring.parent)
         control.unlink(missing_ok=True)
@@ -322,6 +335,7 @@ class LiveSession(Lifecycle):
             self.abort()
             raise
         self.results["plugin"] = {"markers_ignored": counters.markers_ignored}
+        self.results["placement"] = self.placement
         self._firmware = None
         self._remove_files()
         return self.results

@@ -55,6 +55,8 @@ from cxlssd.validation import format_size
 log = logging.getLogger(__name__)
 
 CXL_SETUP_SCRIPT = Path(__file__).resolve().parents[1] / "guest" / "cxl_setup.py"
+RESET_PLACEMENT_SCRIPT = CXL_SETUP_SCRIPT.with_name("reset_placement.py")
+RESET_PLACEMENT_TIMEOUT_S = 120.0
 # pxb-cxl bus numbers: device i sits behind host bridge bus 12 + 8*i (see qemu.py).
 FIRST_CXL_BUS, CXL_BUS_STRIDE = 12, 8
 SHUTDOWN_TIMEOUT_S = 15.0
@@ -555,6 +557,17 @@ class Platform(Lifecycle):
         if self._counters is None:
             raise FirmwareError(f"instance {self.name} has no plugin counters (no plugin, or not ready)")
         return self._counters
+
+    def reset_placement(self, node: int) -> None:
+        """Put the CXL node's free memory back in address order (guest/reset_placement.py),
+        so the next program bound to it gets the same physical pages as in any other run.
+        A :class:`GuestError` naming the block if one cannot be offlined."""
+        status, _, err = self.guest().run(
+            ["python3", "-", str(node)], stdin=RESET_PLACEMENT_SCRIPT.read_bytes(),
+            timeout_s=RESET_PLACEMENT_TIMEOUT_S,
+        )
+        if status != 0:
+            raise GuestError(err.decode(errors="replace").strip() or f"reset_placement exited with {status}")
 
     def attach(self, design: str, overrides: Sequence[str] = (), record: Path | None = None) -> LiveSession:
         """A live firmware session for ``design`` (a context manager; see ``live.py``)."""
