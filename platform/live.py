@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import cxlssd
 from cxlssd.abi.protocol import RING_ATTACHED
 from cxlssd.abi.ring import RequestRing, RingError
-from cxlssd.errors import ConfigError, FirmwareError, GuestError
+from cxlssd.errors import ConfigError, FirmwareError, PlacementError
 from cxlssd.firmware.profile import Profile, load_profile, parse_override
 from cxlssd.guest.runtime.install import with_guest_env
 from cxlssd.lifecycle import Lifecycle, ProcessId, describe_exit
@@ -253,7 +253,7 @@ class LiveSession(Lifecycle):
             # While the plugin sleeps: offlining may move leftover pages through the device.
             try:
                 platform.reset_placement(self.node)
-            except GuestError as error:
+            except PlacementError as error:
                 self.placement = f"not reset: {error}"
                 log.warning("the CXL node's placement is not reset, so this run's physical pages "
                             "(and conflict misses) may differ from other runs': %s", error)

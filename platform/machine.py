@@ -35,7 +35,7 @@ from qemu.qmp.legacy import QEMUMonitorProtocol
 from cxlssd.abi.counters import PluginCounters
 from cxlssd.abi.protocol import PV_BYTES
 from cxlssd.abi.pv import create_page
-from cxlssd.errors import FirmwareError, GuestError, GuestTimeout, PrerequisiteError
+from cxlssd.errors import FirmwareError, GuestError, GuestTimeout, PlacementError, PrerequisiteError
 from cxlssd.guest.image import GuestImage, ensure_image
 from cxlssd.guest.runtime.build import ensure_runtime
 from cxlssd.guest.runtime.install import install_runtime
@@ -561,13 +561,14 @@ class Platform(Lifecycle):
     def reset_placement(self, node: int) -> None:
         """Put the CXL node's free memory back in address order (guest/reset_placement.py),
         so the next program bound to it gets the same physical pages as in any other run.
-        A :class:`GuestError` naming the block if one cannot be offlined."""
+        A :class:`PlacementError` naming the block if one cannot be offlined."""
         status, _, err = self.guest().run(
             ["python3", "-", str(node)], stdin=RESET_PLACEMENT_SCRIPT.read_bytes(),
             timeout_s=RESET_PLACEMENT_TIMEOUT_S,
         )
         if status != 0:
-            raise GuestError(err.decode(errors="replace").strip() or f"reset_placement exited with {status}")
+            message = err.decode(errors="replace").strip()
+            raise PlacementError(message or f"reset_placement exited with status {status}")
 
     def attach(self, design: str, overrides: Sequence[str] = (), record: Path | None = None) -> LiveSession:
         """A live firmware session for ``design`` (a context manager; see ``live.py``)."""

@@ -32,6 +32,10 @@ class GuestTimeout(GuestError):
     """A guest command or boot step did not finish within its deadline (a hung guest)."""
 
 
+class PlacementError(GuestError):
+    """The guest could not put a node's free memory back in address order (a block in use)."""
+
+
 class FirmwareError(CxlssdError):
     """The firmware process failed, died, or the plugin gave up on it."""
 

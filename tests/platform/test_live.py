@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from cxlssd.errors import ConfigError, FirmwareError, GuestError
+from cxlssd.errors import ConfigError, FirmwareError, GuestError, PlacementError
 from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.knobs import FlashLatency, LatencySpike
 from cxlssd.firmware.profile import Profile, load_profile
@@ -122,7 +122,7 @@ def test_a_run_on_the_cxl_node_gets_the_same_pages_and_time_every_time(default_p
 
 
 def test_resetting_the_placement_of_a_node_without_memory_says_so(default_platform: Platform) -> None:
-    with pytest.raises(GuestError, match="node 99 has no memory blocks"):
+    with pytest.raises(PlacementError, match="node 99 has no memory blocks"):
         default_platform.reset_placement(99)
 
 
