@@ -1,12 +1,15 @@
-"""Runs IN THE GUEST (python3, stdlib only): put a CXL node's free memory back in address order.
+"""Runs IN THE GUEST (python3, stdlib only): put a CXL node's free memory in a fixed order.
 
-Usage: ``python3 - NODE < reset_placement.py``. Offlines every memory block of NODE, then
-onlines them ZONE_MOVABLE again, both in ascending block order. The buddy allocator then
-holds the node's pages as after a fresh online, whatever earlier runs allocated and freed,
-so a program that faults its pages in the same order (the guest runs with ASLR off,
-cxl_setup.py) gets the same physical pages, and the same conflict misses in the modelled
-LLC and SSD data cache, in every run (docs/live.md, "Placement"). Offlining migrates what
-is still on the node (page cache of files read under a CXL binding) to other nodes.
+Usage: ``python3 - NODE < reset_placement.py``. Offlines every memory block of NODE but
+the first and onlines them ZONE_MOVABLE again, then does the same with the first, each in
+ascending block order. The buddy allocator then holds the node's pages in an order that
+depends on nothing earlier runs allocated and freed. The node never has no memory on the
+way, so the kernel does not stop and restart its kswapd and kcompactd or rebuild its
+zonelists and demotion targets (work that would land in the next run). A program that
+faults its pages in the same order (the guest runs with ASLR off, cxl_setup.py) then gets
+the same physical pages, and the same conflict misses in the modelled LLC and SSD data
+cache, in every run (docs/live.md, "Placement"). Offlining migrates what is still on the
+node (page cache of files read under a CXL binding) to other nodes.
 
 Exits 0 with one JSON line ``{"blocks": N}``; 1 with a message if a block cannot be
 offlined (pages in use that cannot move): every block is online again then.
@@ -39,19 +42,20 @@ def main() -> None:
     blocks = blocks_of(node)
     if not blocks:
         sys.exit(f"reset_placement: node {node} has no memory blocks")
-    failure = None
-    for block in blocks:
-        if state(block) == "online":
-            try:
-                set_state(block, "offline")
-            except OSError as error:
-                failure = f"cannot offline {block} of node {node}: {error.strerror} (pages in use there)"
-                break
-    for block in blocks:  # also after a failure: no block may stay offline
-        if state(block) == "offline":
-            set_state(block, "online_movable")
-    if failure:
-        sys.exit(f"reset_placement: {failure}")
+    for group in (blocks[1:], blocks[:1]):
+        failure = None
+        for block in group:
+            if state(block) == "online":
+                try:
+                    set_state(block, "offline")
+                except OSError as error:
+                    failure = f"cannot offline {block} of node {node}: {error.strerror} (pages in use there)"
+                    break
+        for block in group:  # also after a failure: no block may stay offline
+            if state(block) == "offline":
+                set_state(block, "online_movable")
+        if failure:
+            sys.exit(f"reset_placement: {failure}")
     print(json.dumps({"blocks": len(blocks)}))
 
 
