@@ -11,12 +11,11 @@ the same physical pages, and the same conflict misses in the modelled LLC and SS
 cache, in every run (docs/live.md, "Placement"). Offlining migrates what is still on the
 node (page cache of files read under a CXL binding) to other nodes.
 
-Exits 0 with one JSON line ``{"blocks": N}``; 1 with a message if a block cannot be
-offlined (pages in use that cannot move): every block is online again then.
+Exits 0, or 1 with a message if a block cannot be offlined (pages in use that cannot
+move): every block is online again then.
 """
 
 import glob
-import json
 import sys
 
 MEMORY = "/sys/devices/system/memory"
@@ -56,7 +55,6 @@ def main() -> None:
                 set_state(block, "online_movable")
         if failure:
             sys.exit(f"reset_placement: {failure}")
-    print(json.dumps({"blocks": len(blocks)}))
 
 
 main()

@@ -246,13 +246,13 @@ class LiveSession(Lifecycle):
         platform = self.platform
         files = platform.plugin_files()
         # What a run's physical placement started from (docs/live.md, "Placement").
-        self.placement = "reset"
         if self.dram_only:
             self.placement = "not reset: node 0 holds the guest kernel's memory too"
         else:
             # While the plugin sleeps: offlining may move leftover pages through the device.
             try:
                 platform.reset_placement(self.node)
+                self.placement = "reset"
             except PlacementError as error:
                 self.placement = f"not reset: {error}"
                 log.warning("the CXL node's placement is not reset, so this run's physical pages "

@@ -559,7 +559,7 @@ class Platform(Lifecycle):
         return self._counters
 
     def reset_placement(self, node: int) -> None:
-        """Put the CXL node's free memory back in address order (guest/reset_placement.py),
+        """Put the CXL node's free memory in its fixed order (guest/reset_placement.py),
         so the next program bound to it gets the same physical pages as in any other run.
         A :class:`PlacementError` naming the block if one cannot be offlined."""
         status, _, err = self.guest().run(

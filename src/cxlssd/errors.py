@@ -33,7 +33,7 @@ class GuestTimeout(GuestError):
 
 
 class PlacementError(GuestError):
-    """The guest could not put a node's free memory back in address order (a block in use)."""
+    """The guest could not put a node's free memory in its fixed order (a block in use)."""
 
 
 class FirmwareError(CxlssdError):
