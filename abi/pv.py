@@ -119,6 +119,19 @@ class PvPage(MappedFile):
         words, box = self._words(), self._header("mailbox_offset") // 8
         return max(int(words[box + _TAIL]), int(words[box + _TAKEN]))
 
+    def discard_pending(self) -> int:
+        """Mark every decision still in the mailbox as taken; how many there were. For a
+        firmware that attaches: what is left was decided by an earlier run's firmware about
+        an earlier program's pages (the daemon that would have taken it has exited), and a
+        new daemon must not carry it out on the new program's pages, which the placement
+        reset puts at the same device pages."""
+        words, box = self._words(), self._header("mailbox_offset") // 8
+        head = int(words[box + _HEAD])
+        left = head - max(int(words[box + _TAIL]), int(words[box + _TAKEN]))
+        words[box + _TAKEN] = head
+        words[box + _TAIL] = head
+        return max(left, 0)
+
     def post(self, page: int, demote: bool, consumed: int) -> bool:
         """Post a decision to the mailbox; False (nothing posted) when it is full.
         ``consumed``: the guest's :meth:`consumed` as the caller last knew it (a value of

@@ -94,6 +94,8 @@ class Mailbox:
         self.page = page
         self.controller = controller
         self.demotions: collections.deque[int] = collections.deque()
+        # Attached before the run's daemon starts: an earlier run's leftovers go.
+        self.discarded = page.discard_pending()
         self.consumed = page.consumed()
         self.posted = 0
         self.dropped = 0
@@ -120,7 +122,7 @@ class Mailbox:
 
     def stats(self) -> dict[str, int]:
         return {"posted": self.posted, "promotions_dropped": self.dropped,
-                "demotions_waiting": len(self.demotions)}
+                "demotions_waiting": len(self.demotions), "discarded_at_start": self.discarded}
 
 
 def _hand_over(control: ControlFile, knobs: KnobController, driver: LiveDriver) -> None:

@@ -243,7 +243,8 @@ def test_the_mailbox_drops_promotions_when_full_and_holds_demotions(tmp_path: Pa
         for device_page in (1, 2, 3):
             mailbox.post(device_page, demote=False)
         # the third found the mailbox full: dropped, and no longer pending
-        assert mailbox.stats() == {"posted": 2, "promotions_dropped": 1, "demotions_waiting": 0}
+        assert mailbox.stats() == {"posted": 2, "promotions_dropped": 1, "demotions_waiting": 0,
+                                   "discarded_at_start": 0}
         assert controller.pending_promotions().tolist() == [1, 2]
         mailbox.post(9, demote=True)  # a demotion waits for room
         assert mailbox.stats()["demotions_waiting"] == 1
@@ -252,6 +253,27 @@ def test_the_mailbox_drops_promotions_when_full_and_holds_demotions(tmp_path: Pa
         assert mailbox.stats()["demotions_waiting"] == 1  # ... unknown to the firmware until
         mailbox.reported()  # its first report, a point of the request stream
         assert mailbox.stats()["demotions_waiting"] == 0 and words[256 + 8] == 9 | protocol.PV_DEMOTE
+
+
+def test_a_new_firmware_discards_the_decisions_an_earlier_run_left_in_the_mailbox(tmp_path: Path) -> None:
+    path = tmp_path / "pv"
+    pv.create_page(path)
+    words = np.memmap(path, dtype=np.uint64, mode="r+")
+    words[0] = protocol.PV_MAGIC
+    header = words[:8].view(np.uint32)
+    header[3], header[8], header[9] = 1, 2048, 4  # a mailbox of 4 entries
+    with pv.PvPage(path) as page:
+        first = Mailbox(page, Controller.from_profile(load_profile("skybyte-p")))
+        for device_page in (5, 6, 7):
+            first.post(device_page, demote=False)
+        words[258] = 1  # its daemon took one out, then its program ended
+        second = Mailbox(page, Controller.from_profile(load_profile("skybyte-p")))
+        # the next run's daemon starts from an empty mailbox with all its room
+        assert second.stats()["discarded_at_start"] == 2
+        assert words[256] == words[257] == words[258] == 3 and page.consumed() == 3
+        for device_page in (1, 2, 3, 4):
+            second.post(device_page, demote=False)
+        assert second.stats()["posted"] == 4 and second.stats()["promotions_dropped"] == 0
 
 
 def test_a_device_page_freed_by_a_promotion_can_be_reused_and_promoted_again() -> None:
