@@ -94,6 +94,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     config = load_config(experiment.platform)
     devices = ", ".join(format_size(d.size_bytes) for d in config.cxl_devices)
-    print(f"== the demo: one guest ({format_size(config.guest.dram_bytes)} DRAM on node 0, CXL Type-3 "
-          f"{devices} on node 1) running each workload under each design with the SSD firmware attached")
+    movable = config.guest.movable_dram_bytes
+    dram = f"{format_size(config.guest.dram_bytes)} DRAM on node 0" + (
+        f", {format_size(movable)} on node 1 for promoted pages and dram-only" if movable else "")
+    cxl_node = 2 if movable else 1
+    print(f"== the demo: one guest ({dram}, CXL Type-3 {devices} on node {cxl_node}) running each "
+          "workload under each design with the SSD firmware attached")
     return run_experiment(experiment, args.out)

@@ -30,7 +30,7 @@ Example (``experiments/demo.yaml``)::
     notes: |                       # copied into report.md: what a reader must know
 
 A live point runs ``command`` in the guest under one design with the firmware
-attached (bound to the CXL node, or node 0 for a ``dram-only`` design); its
+attached (bound to the CXL node, or the movable DRAM node for a ``dram-only`` design); its
 modelled time is the sum of its ROIs. A replay point replays a trace under one
 design with the replay driver (its ROIs if the trace has markers, else the
 modelled end of its last request). A sweep key with a dot is a profile key

@@ -10,8 +10,11 @@ on 4 KiB pages, and move_pages(2) on a huge page would move 512 of them at once.
 Turns address-space randomization off: a program then faults its pages in the same
 order in every run, so with the node's free memory reset (reset_placement.py) it gets
 the same physical pages (docs/live.md, "Placement").
-Prints one JSON line: a list of devices with memdev, host bridge bus number,
-region, HPA base, DPA base, size and NUMA node.
+Also onlines the platform's movable DRAM node (a pc-dimm, node 1 when configured:
+hotplugged memory, offline until then) ZONE_MOVABLE.
+Prints one JSON line: ``devices``, a list with memdev, host bridge bus number, region,
+HPA base, DPA base, size and NUMA node of each; ``dram_node``, the movable DRAM node
+(the node without CPUs that has memory and is no device's), or null.
 """
 
 import glob
@@ -74,6 +77,10 @@ def node_blocks(node: int) -> int:
     return len(glob.glob(f"/sys/devices/system/node/node{node}/memory[0-9]*"))
 
 
+def has_cpus(node: int) -> bool:
+    return read(f"/sys/devices/system/node/node{node}/cpulist") != ""
+
+
 def block_number(path: str) -> int:
     return int(path.split("/memory")[-1].split("/")[0])
 
@@ -134,12 +141,20 @@ def main() -> None:
         wait_for(lambda: node_blocks(node) >= blocks, f"the memory blocks of node {node}")  # noqa: B023
         device["dax"] = dax
         device["node"] = node
-    # Every offline block is CXL memory: boot memory is online, hotplugged memory is not.
+    # Every offline block is hotplugged (CXL memory or the movable DRAM node's pc-dimm):
+    # boot memory is online.
     for state in sorted(glob.glob("/sys/devices/system/memory/memory*/state"), key=block_number):
         if read(state) == "offline":
             with open(state, "w") as f:
                 f.write("online_movable")
-    print(json.dumps(devices))
+    device_nodes = {device["node"] for device in devices}
+    dram_nodes = [
+        int(path.rsplit("node", 1)[1])
+        for path in glob.glob("/sys/devices/system/node/node[0-9]*")
+        if int(path.rsplit("node", 1)[1]) not in device_nodes
+    ]
+    dram_node = min((n for n in dram_nodes if not has_cpus(n) and node_blocks(n)), default=None)
+    print(json.dumps({"devices": devices, "dram_node": dram_node}))
 
 
 main()

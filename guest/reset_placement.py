@@ -1,6 +1,7 @@
-"""Runs IN THE GUEST (python3, stdlib only): put a CXL node's free memory in a fixed order.
+"""Runs IN THE GUEST (python3, stdlib only): put a movable node's free memory in a fixed order.
 
-Usage: ``python3 - NODE < reset_placement.py``. Offlines every memory block of NODE but
+Usage: ``python3 - NODE [NODE...] < reset_placement.py`` (the CXL node, the movable DRAM
+node: both ZONE_MOVABLE). For each NODE in turn: offlines every memory block of NODE but
 the first and onlines them ZONE_MOVABLE again, then does the same with the first, each in
 ascending block order. The buddy allocator then holds the node's pages in an order that
 depends on nothing earlier runs allocated and freed. The node never has no memory on the
@@ -36,8 +37,7 @@ def set_state(block: str, value: str) -> None:
         f.write(value)
 
 
-def main() -> None:
-    node = int(sys.argv[1])
+def reset(node: int) -> None:
     blocks = blocks_of(node)
     if not blocks:
         sys.exit(f"reset_placement: node {node} has no memory blocks")
@@ -57,4 +57,5 @@ def main() -> None:
             sys.exit(f"reset_placement: {failure}")
 
 
-main()
+for argument in sys.argv[1:]:
+    reset(int(argument))

@@ -8,9 +8,10 @@
  * and "demote device page P" into the mailbox of the paravirtual page; this daemon finds
  * the child's virtual page that P backs (the kernel helper answers where the child maps a
  * physical page, checked against /proc/PID/pagemap; without the helper, a scan of the
- * child's page map), moves it with move_pages(2) to node 0 (promotion) or back to the
- * CXL node (demotion), and reports each move to the firmware with a marker (PROMOTED:
- * P and the page's new physical address in RAM, so the plugin can count the LLC misses
+ * child's page map), moves it with move_pages(2) to host DRAM (promotion: the platform's
+ * movable DRAM node, whose placement is reset before each run, else node 0;
+ * cxlssd_dram_node()) or back to the CXL node (demotion), and reports each move to the
+ * firmware with a marker (PROMOTED: P and the page's new physical address in RAM, so the plugin can count the LLC misses
  * the promoted page serves; DEMOTED; PROMOTE_FAILED when the page is gone). The kernel
  * copies the page, so the copy's device reads and writes are modelled as any others, and
  * this daemon's own instructions run on the guest's vCPUs: their time is on the modelled
@@ -85,7 +86,8 @@ static struct {
                              * seen; may be stale: checked against the pagemap before use */
     struct timespec last_scan;
     uint64_t faults_at_scan; /* the child's page faults when the map was last rebuilt */
-    int cxl_node; /* where demoted pages go */
+    int cxl_node;  /* where demoted pages go */
+    int dram_node; /* where promoted pages go */
     int looked;   /* the map was rebuilt, or found current, during this batch of decisions */
     int reopened; /* the pagemap was opened again during this batch */
     uint64_t promoted, demoted, failed, scans, wakeups, asked;
@@ -290,7 +292,7 @@ static void promote(const uint64_t *pages, unsigned n)
         }
         at[k] = (void *)va;
         which[k] = pages[i];
-        nodes[k++] = 0;
+        nodes[k++] = D.dram_node;
     }
     if (k == 0)
         return;
@@ -302,7 +304,7 @@ static void promote(const uint64_t *pages, unsigned n)
     }
     for (unsigned i = 0; i < k; i++) {
         const uint64_t now = pagemap_entry((uint64_t)at[i]);
-        if (status[i] != 0 || !(now & PAGE_PRESENT)) {
+        if (status[i] != D.dram_node || !(now & PAGE_PRESENT)) { /* the status is the page's node */
             D.shared += status[i] == -EACCES;
             D.busy += status[i] == -EBUSY;
             if (status[i] != -EACCES && status[i] != -EBUSY)
@@ -405,6 +407,7 @@ int main(int argc, char **argv)
     volatile unsigned long long *pv = cxlssd_pv_page();
     unsigned long long base = 0, size = 0;
     D.cxl_node = cxlssd_cxl_node();
+    D.dram_node = cxlssd_dram_node();
     if (pv == NULL || !(cxlssd_features() & CXLSSD_FEATURE_PROMOTION) || cxlssd_cxl_range(&base, &size) != 0 ||
         D.cxl_node < 0) {
         execvp(command[0], command); /* nothing to promote: just the command */

@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_config_option(run)
     run.add_argument("--design", help="attach this firmware design live (profile name or .yaml); "
-                     "the command's memory is bound to the CXL node (node 0 for dram-only)")
+                     "the command's memory is bound to the CXL node (the movable DRAM node for dram-only)")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override a profile key of --design, e.g. cache.ways=8")
     run.add_argument("--record", type=Path, help="with --design: record the device-request stream "

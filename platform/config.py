@@ -53,7 +53,7 @@ from pydantic import (
 )
 
 from cxlssd.errors import ConfigError
-from cxlssd.models import ConfigModel, SizeBytes
+from cxlssd.models import ConfigModel, SizeBytes, SizeOrZeroBytes
 from cxlssd.validation import check_keys, did_you_mean, format_size
 from cxlssd.yamlfile import read_yaml, short_repr
 
@@ -76,6 +76,7 @@ MAX_LLC_WAYS = 64
 MAX_STRING_BYTES_PER_INSN = 4096  # the plugin's bound: a page per instruction
 MAX_FREQUENCY_GHZ = 100.0
 MAX_CPI = 1000.0
+MAX_MOVABLE_DRAM_BYTES = 8 * GiB  # QEMU's memory hotplug area (qemu.py MAXMEM_EXTRA_BYTES) holds it
 
 # A device has at most 8 DC regions (CXL r3.x; QEMU's region table has 8 entries).
 DC_MAX_REGIONS = 8
@@ -167,10 +168,27 @@ def _memory_blocks(size: int) -> int:
     return size
 
 
+def _movable_dram(size: int) -> int:
+    if size > MAX_MOVABLE_DRAM_BYTES:
+        raise ValueError(f"{format_size(size)} is more than the {format_size(MAX_MOVABLE_DRAM_BYTES)} "
+                         "QEMU's memory hotplug area holds")
+    return _memory_blocks(size)
+
+
 class GuestConfig(ConfigModel):
     label: ClassVar[str] = "guest"
     dram_bytes: Annotated[SizeBytes, AfterValidator(_memory_blocks)] = Field(
         default=2 * GiB, validation_alias="dram", description="node 0's memory, a multiple of 128MiB"
+    )
+    # A second DRAM node without CPUs (a pc-dimm), onlined ZONE_MOVABLE like the CXL node, so
+    # its free pages can be put in a fixed order before every live run: promoted pages and
+    # dram-only runs go there and get the same physical pages (which the modelled LLC
+    # indexes) every run. Node 0 holds the guest kernel's and every other process's memory,
+    # so its placement cannot be reset (docs/live.md, "Placement").
+    movable_dram_bytes: Annotated[SizeOrZeroBytes, AfterValidator(_movable_dram)] = Field(
+        default=2 * GiB, validation_alias="movable_dram",
+        description="a DRAM node without CPUs for promoted pages and dram-only runs, a multiple of "
+        "128MiB (0: node 0 takes them)",
     )
     vcpus: Annotated[StrictInt, _positive(MAX_VCPUS)] = Field(default=1, description="virtual CPUs")
     boot_timeout_s: Annotated[StrictFloat, _positive(MAX_BOOT_TIMEOUT_S)] = Field(
@@ -257,8 +275,8 @@ class PlatformConfig(ConfigModel):
 
     @property
     def host_memory_bytes(self) -> int:
-        """Host memory the guest can take: its DRAM and all CXL backing files."""
-        return self.guest.dram_bytes + self.cxl_total_bytes
+        """Host memory the guest can take: its DRAM (both nodes) and all CXL backing files."""
+        return self.guest.dram_bytes + self.guest.movable_dram_bytes + self.cxl_total_bytes
 
 
 # The keys of a platform file's guest

@@ -217,12 +217,14 @@ class LiveSession(Lifecycle):
         self.dram_only = self.profile["kind"] == "dram-only"
         self.promotes = bool(self.profile["migration.enabled"]) and not self.dram_only
         budget = self.profile.capacity_bytes("migration.host_capacity_bytes")
-        dram = platform.config.guest.dram_bytes
+        guest = platform.config.guest
+        dram, where, key = ((guest.movable_dram_bytes, "the movable DRAM node", "guest.movable_dram")
+                            if guest.movable_dram_bytes else (guest.dram_bytes, "node 0", "guest.dram"))
         if self.promotes and budget > dram:
             raise ConfigError(
                 f"migration.host_capacity_bytes ({format_size(budget)}) is larger than the guest's DRAM "
-                f"(node 0: {format_size(dram)} in {platform.config.source}): promoted pages live there; "
-                f"lower it (--set migration.host_capacity_bytes=256MiB) or give the guest more DRAM"
+                f"for promoted pages ({where}: {format_size(dram)} in {platform.config.source}); "
+                f"lower it (--set migration.host_capacity_bytes=256MiB) or raise {key}"
             )
         self._firmware: FirmwareProcess | None = None
         self.placement = "not started"
@@ -245,18 +247,24 @@ class LiveSession(Lifecycle):
     def start(self) -> None:
         platform = self.platform
         files = platform.plugin_files()
-        # What a run's physical placement started from (docs/live.md, "Placement").
-        if self.dram_only:
-            self.placement = "not reset: node 0 holds the guest kernel's memory too"
+        # What a run's physical placement started from (docs/live.md, "Placement"): the
+        # nodes its pages can be on, but node 0 (it holds the guest kernel's memory too).
+        nodes = [] if self.dram_only else [platform.devices[0].node]
+        if platform.dram_node is not None and (self.dram_only or self.promotes):
+            nodes.append(platform.dram_node)
+        if not nodes:
+            self.placement = "not reset: node 0 holds the guest kernel's memory too (guest.movable_dram is 0)"
         else:
             # While the plugin sleeps: offlining may move leftover pages through the device.
             try:
-                platform.reset_placement(self.node)
+                platform.reset_placement(nodes)
                 self.placement = "reset"
             except PlacementError as error:
                 self.placement = f"not reset: {error}"
-                log.warning("the CXL node's placement is not reset, so this run's physical pages "
-                            "(and conflict misses) may differ from other runs': %s", error)
+                log.warning("the placement of nodes %s is not reset, so this run's physical pages "
+                            "(and conflict misses) may differ from other runs': %s", nodes, error)
+            if self.promotes and platform.dram_node is None:
+                self.placement += " (promoted pages: node 0, not reset; guest.movable_dram is 0)"
         # Firmware knobs (./cxlssd inject ... flash-latency) are appended here while it runs.
         control = control_path(files.ring.parent)
         control.unlink(missing_ok=True)
@@ -287,8 +295,11 @@ class LiveSession(Lifecycle):
 
     @property
     def node(self) -> int:
-        """Where the run's memory belongs: the CXL node, or node 0 for ``dram-only``."""
-        return 0 if self.dram_only else self.platform.devices[0].node
+        """Where the run's memory belongs: the CXL node, or for ``dram-only`` the movable
+        DRAM node (node 0 without one)."""
+        if self.dram_only:
+            return self.platform.dram_node if self.platform.dram_node is not None else 0
+        return self.platform.devices[0].node
 
     def run(
         self,

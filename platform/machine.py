@@ -65,8 +65,9 @@ KEEP_LOG_DIRS = 20
 QEMU_REAP_GRACE_S = 1.0  # a lost guest connection waits this long to see whether QEMU died
 PRUNE_AFTER_S = 3600  # only log dirs written to longer ago than this are pruned
 PR_SET_PDEATHSIG = 1
-# q35 puts guest RAM above 2 GiB at 4 GiB and up: DRAM + 4 GiB bounds its addresses
-# (the plugin's promoted-page table is sized by it: guest-supplied reports above are ignored).
+# q35 puts guest RAM above 2 GiB at 4 GiB and up, and the movable DRAM node's pc-dimm after it
+# (1 GiB-aligned): both DRAMs + 4 GiB bound their addresses (the plugin's promoted-page table is
+# sized by it: guest-supplied reports above are ignored).
 RAM_TOP_SLACK_BYTES = 4 << 30
 
 
@@ -91,7 +92,7 @@ class PluginFiles:
             str(ensure_plugin()), f"shm={self.counters}", f"ring={self.ring}", f"pv={self.pv}",
             f"out={self.report}", "mode=dormant", f"llc={cpu.llc_bytes}", f"llc_ways={cpu.llc_ways}",
             f"insn_ps={cpu.insn_ps}", f"string_bytes={cpu.string_bytes_per_insn}",
-            f"ram_top={config.guest.dram_bytes + RAM_TOP_SLACK_BYTES}",
+            f"ram_top={config.guest.dram_bytes + RAM_TOP_SLACK_BYTES + config.guest.movable_dram_bytes}",
         ]
         if doorbell_fd is not None:
             options.append(f"doorbell_fd={doorbell_fd}")
@@ -210,7 +211,7 @@ def check_host_capacity(configs: PlatformConfig | Sequence[PlatformConfig], shm_
     if need > available:
         raise PrerequisiteError(
             f"{what}: guest DRAM + CXL memory is {format_size(need)} but the host has only "
-            f"{available >> 20} MiB available; reduce guest.dram or cxl_devices sizes"
+            f"{available >> 20} MiB available; reduce guest.dram, guest.movable_dram or cxl_devices sizes"
         )
 
 
@@ -239,6 +240,8 @@ class Platform(Lifecycle):
         self.log_dir = cache_dir() / "logs" / self.name
         self.serial_log = self.log_dir / "serial.log"
         self.devices: list[CxlDevice] = []
+        # The movable DRAM node (guest.movable_dram): promoted pages and dram-only runs.
+        self.dram_node: int | None = None
         self.ssh: GuestSSH | None = None
         self.boot_seconds: float | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -277,7 +280,7 @@ class Platform(Lifecycle):
             deadline = started + self.config.guest.boot_timeout_s
             self._wait_until_ready(deadline)
             try:
-                self.devices = self._setup_cxl(deadline)
+                self.devices, self.dram_node = self._setup_cxl(deadline)
                 self._publish_windows()
                 assert self.ssh is not None
                 install_runtime(self.ssh, runtime, _remaining_s(deadline))
@@ -381,6 +384,7 @@ class Platform(Lifecycle):
                     "inject_socket": str(self._files.inject_socket),
                     "config": self.config.source,
                     "devices": devices,
+                    "dram_node": self.dram_node,
                 }
             )
         )
@@ -458,7 +462,7 @@ class Platform(Lifecycle):
                 f"cannot log in to guest {self.name} over SSH ({error}); {self.serial_tail()}"
             ) from None
 
-    def _setup_cxl(self, deadline: float) -> list[CxlDevice]:
+    def _setup_cxl(self, deadline: float) -> tuple[list[CxlDevice], int | None]:
         assert self.ssh is not None and self._files is not None
         status, out, err = self.ssh.run(
             ["python3", "-", str(len(self.config.cxl_devices))], stdin=CXL_SETUP_SCRIPT.read_bytes(),
@@ -468,8 +472,9 @@ class Platform(Lifecycle):
             raise GuestError(
                 f"setting up the CXL devices in the guest failed: {err.decode().strip()}"
             )
+        setup = json.loads(out)
         devices = []
-        for found in json.loads(out):
+        for found in setup["devices"]:
             index = (found["host_bridge_bus"] - FIRST_CXL_BUS) // CXL_BUS_STRIDE
             devices.append(
                 CxlDevice(
@@ -488,7 +493,13 @@ class Platform(Lifecycle):
             raise GuestError(
                 f"the guest found {len(devices)} CXL devices, the config has {len(self.config.cxl_devices)}"
             )
-        return devices
+        dram_node = setup["dram_node"]
+        if self.config.guest.movable_dram_bytes and dram_node is None:
+            raise GuestError(
+                "the guest has no movable DRAM node (a node without CPUs besides the CXL devices') "
+                f"although guest.movable_dram is {format_size(self.config.guest.movable_dram_bytes)}"
+            )
+        return devices, dram_node
 
     def _publish_windows(self) -> None:
         """Tell the plugin where the guest put each device (its region's HPA range)."""
@@ -558,12 +569,13 @@ class Platform(Lifecycle):
             raise FirmwareError(f"instance {self.name} has no plugin counters (no plugin, or not ready)")
         return self._counters
 
-    def reset_placement(self, node: int) -> None:
-        """Put the CXL node's free memory in its fixed order (guest/reset_placement.py),
-        so the next program bound to it gets the same physical pages as in any other run.
-        A :class:`PlacementError` naming the block if one cannot be offlined."""
+    def reset_placement(self, nodes: Sequence[int]) -> None:
+        """Put the free memory of ``nodes`` (the CXL node, the movable DRAM node) in its
+        fixed order (guest/reset_placement.py), so the next program bound to them gets the
+        same physical pages as in any other run. A :class:`PlacementError` naming the block
+        if one cannot be offlined."""
         status, _, err = self.guest().run(
-            ["python3", "-", str(node)], stdin=RESET_PLACEMENT_SCRIPT.read_bytes(),
+            ["python3", "-", *(str(node) for node in nodes)], stdin=RESET_PLACEMENT_SCRIPT.read_bytes(),
             timeout_s=RESET_PLACEMENT_TIMEOUT_S,
         )
         if status != 0:

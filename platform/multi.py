@@ -178,8 +178,8 @@ class MultiPlatform(Lifecycle):
 
     def run_live(self, argv: list[str]) -> dict[str, LiveRun]:
         """Run ``argv`` in every guest at once, each with its own design attached live
-        (its own firmware process; memory bound to its CXL node, node 0 for
-        ``dram-only``): the side-by-side comparison. Every guest must name a design."""
+        (its own firmware process; memory bound to its CXL node, its movable DRAM
+        node for ``dram-only``): the side-by-side comparison. Every guest must name a design."""
         designs = live_designs(self.config)
         done: dict[str, tuple[int, bytes, bytes]] = {}
         errors: list[BaseException] = []

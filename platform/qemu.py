@@ -110,6 +110,19 @@ def _qemu_size(size_bytes: int) -> str:
     return f"{size_bytes // MiB}M"
 
 
+def _movable_dram_args(size_bytes: int) -> list[str]:
+    """Node 1, DRAM without CPUs: a cold-plugged pc-dimm in the memory hotplug area, so
+    the guest adds it offline (memhp_default_state) and the CXL setup onlines it
+    ZONE_MOVABLE; its placement can then be reset like the CXL node's (docs/live.md)."""
+    if not size_bytes:
+        return []
+    return [
+        "-object", f"memory-backend-ram,id=ram1,size={_qemu_size(size_bytes)}",
+        "-numa", "node,nodeid=1",
+        "-device", "pc-dimm,id=movable-dram,memdev=ram1,node=1",
+    ]
+
+
 def qemu_argv(qemu: QemuBinary, config: PlatformConfig, files: LaunchFiles) -> list[str]:
     """The QEMU command line for ``config``, as an argv list. The guest's user network
     is ``restrict=on`` (no traffic leaves the guest; the SSH forward still reaches it)
@@ -123,6 +136,7 @@ def qemu_argv(qemu: QemuBinary, config: PlatformConfig, files: LaunchFiles) -> l
         "-m", f"{dram},maxmem={maxmem},slots=4", "-smp", str(config.guest.vcpus),
         "-object", f"memory-backend-ram,id=ram0,size={dram}",
         "-numa", f"node,nodeid=0,cpus=0-{config.guest.vcpus - 1},memdev=ram0",
+        *_movable_dram_args(config.guest.movable_dram_bytes),
         "-kernel", str(files.kernel), "-initrd", str(files.rootfs),
         "-append", " ".join(KERNEL_ARGS),
         "-netdev", "user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:0-:22",

@@ -91,7 +91,7 @@ unsigned cxlssd_features(void);
 /*
  * The host_os interface for programs that place their own data (docs/host-os.md):
  * move the pages of [addr, addr + bytes) of the calling process that are on the CXL
- * device to host DRAM (node 0), or those in DRAM back to the CXL node, with
+ * device to host DRAM (cxlssd_dram_node()), or those in DRAM back to the CXL node, with
  * move_pages(2), and report each moved page to the firmware, so that its promotion
  * tables stay true. Returns the pages moved, or -1 with errno. Needs root (the
  * physical addresses come from /proc/self/pagemap).
@@ -124,12 +124,15 @@ int cxlssd_settle(unsigned timeout_ms);
 
 /* For host_os/promoter: the pv page (NULL, errno set, if there is none), a report
  * (CXLSSD_CMD_PROMOTED, _DEMOTED, _PROMOTE_FAILED) to the firmware (0, or -1 with
- * errno), the CXL region's physical range (0, or -1) and the CXL memory's NUMA
- * node (the first node without CPUs; -1 if none). */
+ * errno), the CXL region's physical range (0, or -1), the CXL memory's NUMA node (the
+ * node of the region's first memory block; -1 if none) and the host DRAM promoted pages
+ * go to: the platform's movable DRAM node (a node without CPUs whose memory is no CXL
+ * region's; docs/live.md, "Placement"), else node 0. */
 volatile unsigned long long *cxlssd_pv_page(void);
 int cxlssd_report(unsigned cmd, unsigned long long arg0, unsigned long long arg1);
 int cxlssd_cxl_range(unsigned long long *base, unsigned long long *bytes);
 int cxlssd_cxl_node(void);
+int cxlssd_dram_node(void);
 
 #ifdef __cplusplus
 }

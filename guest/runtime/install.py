@@ -4,7 +4,7 @@
     from cxlssd.guest.runtime.install import install_runtime, with_guest_env
 
     install_runtime(platform.guest(), ensure_runtime())
-    platform.guest().run(with_guest_env(["numactl", "--membind=1", "chase", "--bytes", "64M"]))
+    platform.guest().run(with_guest_env(["numactl", "--membind=2", "chase", "--bytes", "64M"]))
 
 The guest's root filesystem is a tmpfs built from the image, so the runtime is
 installed after each boot (a few hundred KiB over SFTP), not baked into the image.

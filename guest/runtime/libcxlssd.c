@@ -7,6 +7,7 @@
  * (loaded by the Python wrapper) and compiled into programs such as chase.
  */
 #define _GNU_SOURCE
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -208,64 +209,133 @@ int cxlssd_report(unsigned cmd, unsigned long long arg0, unsigned long long arg1
 
 /* ---- the host_os interface: page placement -------------------------------- */
 
-/* The host physical address of device address 0 and the device's size: the
- * lowest CXL region (one device, one region: DPA = HPA - base). */
-int cxlssd_cxl_range(unsigned long long *base, unsigned long long *bytes)
+#define MAX_REGIONS 8
+#define MAX_NODES 64
+
+/* The start and size of every CXL region (at most `max`): how many, or -1 without the
+ * CXL bus. */
+static int cxl_regions(unsigned long long *starts, unsigned long long *sizes, int max)
 {
     const char *root = "/sys/bus/cxl/devices";
     DIR *dir = opendir(root);
     if (dir == NULL) {
         return -1;
     }
-    int found = -1;
+    int n = 0;
     struct dirent *entry;
-    while ((entry = readdir(dir)) != NULL) {
+    while (n < max && (entry = readdir(dir)) != NULL) {
         if (strncmp(entry->d_name, "region", 6) != 0) {
             continue;
         }
         char path[300];
-        unsigned long long start = 0, size = 0;
         snprintf(path, sizeof path, "%s/%s/resource", root, entry->d_name);
         FILE *f = fopen(path, "r");
-        int ok = f != NULL && fscanf(f, "%llx", &start) == 1;
+        int ok = f != NULL && fscanf(f, "%llx", &starts[n]) == 1;
         if (f != NULL) {
             fclose(f);
         }
         snprintf(path, sizeof path, "%s/%s/size", root, entry->d_name);
         f = fopen(path, "r");
-        ok = ok && f != NULL && fscanf(f, "%llx", &size) == 1 && size > 0;
+        ok = ok && f != NULL && fscanf(f, "%llx", &sizes[n]) == 1 && sizes[n] > 0;
         if (f != NULL) {
             fclose(f);
         }
-        if (ok && (found != 0 || start < *base)) {
-            *base = start;
-            *bytes = size;
-            found = 0;
-        }
+        n += ok;
     }
     closedir(dir);
-    if (found != 0) {
-        errno = ENODEV;
-    }
-    return found;
+    return n;
 }
 
-int cxlssd_cxl_node(void)
+/* The host physical address of device address 0 and the device's size: the
+ * lowest CXL region (one device, one region: DPA = HPA - base). */
+int cxlssd_cxl_range(unsigned long long *base, unsigned long long *bytes)
 {
-    for (int node = 1; node < 64; node++) {
-        char path[80], cpus[16] = "";
-        snprintf(path, sizeof path, "/sys/devices/system/node/node%d/cpulist", node);
-        FILE *f = fopen(path, "r");
-        if (f == NULL) {
-            continue;
+    unsigned long long starts[MAX_REGIONS], sizes[MAX_REGIONS];
+    const int n = cxl_regions(starts, sizes, MAX_REGIONS);
+    int lowest = -1;
+    for (int i = 0; i < n; i++) {
+        if (lowest < 0 || starts[i] < starts[lowest]) {
+            lowest = i;
         }
-        int empty = fgets(cpus, sizeof cpus, f) == NULL || cpus[0] == '\n';
+    }
+    if (lowest < 0) {
+        errno = ENODEV;
+        return -1;
+    }
+    *base = starts[lowest];
+    *bytes = sizes[lowest];
+    return 0;
+}
+
+/* The NUMA node whose memory block holds physical address pa (sysfs's
+ * node<N>/memory<B> entries), or -1. */
+static int node_of_address(unsigned long long pa)
+{
+    unsigned long long block_bytes = 0;
+    FILE *f = fopen("/sys/devices/system/memory/block_size_bytes", "r");
+    const int ok = f != NULL && fscanf(f, "%llx", &block_bytes) == 1 && block_bytes > 0;
+    if (f != NULL) {
         fclose(f);
-        if (empty) {
+    }
+    for (int node = 0; ok && node < MAX_NODES; node++) {
+        char path[96];
+        snprintf(path, sizeof path, "/sys/devices/system/node/node%d/memory%llu", node, pa / block_bytes);
+        if (access(path, F_OK) == 0) {
             return node;
         }
     }
     return -1;
+}
+
+int cxlssd_cxl_node(void)
+{
+    unsigned long long base = 0, bytes = 0;
+    return cxlssd_cxl_range(&base, &bytes) == 0 ? node_of_address(base) : -1;
+}
+
+/* Whether the node exists, has no CPUs and has memory blocks. */
+static int cpu_less_memory_node(int node)
+{
+    char path[80], cpus[16] = "";
+    snprintf(path, sizeof path, "/sys/devices/system/node/node%d/cpulist", node);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return 0;
+    }
+    const int no_cpus = fgets(cpus, sizeof cpus, f) == NULL || cpus[0] == '\n';
+    fclose(f);
+    snprintf(path, sizeof path, "/sys/devices/system/node/node%d", node);
+    DIR *dir = no_cpus ? opendir(path) : NULL;
+    if (dir == NULL) {
+        return 0;
+    }
+    int memory = 0;
+    struct dirent *entry;
+    while (!memory && (entry = readdir(dir)) != NULL) {
+        memory = strncmp(entry->d_name, "memory", 6) == 0 && isdigit((unsigned char)entry->d_name[6]);
+    }
+    closedir(dir);
+    return memory;
+}
+
+int cxlssd_dram_node(void)
+{
+    unsigned long long starts[MAX_REGIONS], sizes[MAX_REGIONS];
+    const int n = cxl_regions(starts, sizes, MAX_REGIONS);
+    int cxl[MAX_REGIONS];
+    for (int i = 0; i < n; i++) {
+        cxl[i] = node_of_address(starts[i]);
+    }
+    for (int node = 1; node < MAX_NODES; node++) {
+        int is_cxl = 0;
+        for (int i = 0; i < n; i++) {
+            is_cxl |= cxl[i] == node;
+        }
+        if (!is_cxl && cpu_less_memory_node(node)) {
+            return node;
+        }
+    }
+    return 0;
 }
 
 #define PFN_MASK ((1ull << 55) - 1)
@@ -280,12 +350,15 @@ static long move_range(const void *addr, unsigned long bytes, int to_dram)
     /* Looked up once: the region and its node do not change while the program runs,
      * and sysfs reads inside a region of interest would be modelled time. */
     static unsigned long long base, size;
-    static int cxl_node = -1;
-    if (cxl_node < 0 && (cxlssd_cxl_range(&base, &size) != 0 || (cxl_node = cxlssd_cxl_node()) < 0)) {
-        errno = ENODEV;
-        return -1;
+    static int cxl_node = -1, dram_node = 0;
+    if (cxl_node < 0) {
+        if (cxlssd_cxl_range(&base, &size) != 0 || (cxl_node = cxlssd_cxl_node()) < 0) {
+            errno = ENODEV;
+            return -1;
+        }
+        dram_node = cxlssd_dram_node();
     }
-    const int node = to_dram ? 0 : cxl_node;
+    const int node = to_dram ? dram_node : cxl_node;
     int pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
     if (pagemap < 0) {
         return -1;

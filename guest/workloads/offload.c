@@ -17,7 +17,7 @@
  * --policy none: tensors stay where they are. --policy lifetime: the K profiling iterations
  * record which ops use each tensor (the ops declare their tensors, the executor records what
  * ran); from then on, before op i the tensors used within the next --lookahead ops are
- * promoted to host DRAM (cxlssd_promote: move_pages to node 0, reported to the firmware),
+ * promoted to host DRAM (cxlssd_promote: move_pages to cxlssd_dram_node(), reported to the firmware),
  * and after op i the tensors whose last use in the iteration was op i are demoted
  * (cxlssd_demote), unless the next iteration's prefetch would bring them back at once.
  * Promoted bytes stay within --dram-budget: a prefetch that does not fit evicts (demotes)
@@ -27,7 +27,7 @@
  * move in and out would cost a read and a write of the whole tensor on the device. With
  * --scratch on (the default), the short-lived ones (the weight and bias gradients, dead after
  * the op that writes them) get host DRAM instead, as the frameworks' memory planners give
- * them: one scratch buffer in node 0 that every backward op reuses, booked against the
+ * them: one scratch buffer in host DRAM that every backward op reuses, booked against the
  * budget (evicting as a prefetch does) while its op runs and its pages freed after it; when
  * the budget cannot make room, the op uses the tensors on the device.
  *
@@ -35,7 +35,7 @@
  * modelled clock (cxlssd_clock_ns, 0 outside a live run: the report's times are then null).
  *
  * Self-check after the ROI: the same K + N iterations run again on freshly allocated
- * tensors placed in host DRAM (node 0, with mbind: another placement, no moves, and cheap
+ * tensors placed in host DRAM (cxlssd_dram_node(), with mbind: another placement, no moves, and cheap
  * to emulate); the final weights and biases and every iteration's loss must be bit-identical
  * to the measured run's, the losses finite and the last below the first. One JSON line on
  * stdout; exit 0, 1 if the check failed, 2 for a usage error.
@@ -406,16 +406,16 @@ static double run_op(const struct model *m, const struct op *op)
 #define MPOL_BIND 2
 
 /* A mapping of `bytes`, its pages not yet touched (placed when touched: by the process's
- * policy, or in node 0 if `dram`); no transparent huge pages: tensors move a 4 KiB page at a
+ * policy, or in host DRAM, cxlssd_dram_node(), if `dram`); no transparent huge pages: tensors move a 4 KiB page at a
  * time, as the firmware's promotion tables count them. */
 static char *tensor_map(uint64_t bytes, bool dram)
 {
     char *p = wl_alloc(bytes);
     madvise(p, bytes, MADV_NOHUGEPAGE); /* (advice: without THP support it fails, harmlessly) */
     if (dram) {
-        const unsigned long node0 = 1;
+        const unsigned long dram = 1ul << cxlssd_dram_node();
         /* a failure (no NUMA support) leaves the pages to the process's policy: only slower */
-        syscall(SYS_mbind, p, bytes, MPOL_BIND, &node0, 8 * sizeof node0, 0ul);
+        syscall(SYS_mbind, p, bytes, MPOL_BIND, &dram, 8 * sizeof dram, 0ul);
     }
     return p;
 }
@@ -513,7 +513,7 @@ struct lifetime {
     uint64_t ticket[MAX_TENSORS];       /* ... a tensor's promotion in flight (0: none) */
     uint64_t waits, hints_need, hints_dead; /* transfers waited for; hint calls */
     /* --scratch: one host-DRAM buffer for the short-lived tensors of the op running now */
-    char *scratch;                 /* in node 0, sized for the op with the most; NULL: no scratch */
+    char *scratch;                 /* in host DRAM, sized for the op with the most; NULL: no scratch */
     uint64_t scratch_bytes;        /* its size */
     uint64_t scratch_booked;       /* what the running op uses of it, on the books (0: none) */
     float *home[MAX_TENSORS];      /* a short-lived tensor's own buffer, where the process put it */
@@ -633,8 +633,8 @@ static uint64_t op_scratch_bytes(const struct lifetime *lt, const struct model *
     return bytes;
 }
 
-/* After profiling: the scratch buffer, mapped in node 0 and not touched (its pages exist only
- * while an op uses them). Not when the short-lived tensors are in node 0 already (dram-only:
+/* After profiling: the scratch buffer, mapped in host DRAM and not touched (its pages exist only
+ * while an op uses them). Not when the short-lived tensors are in DRAM already (dram-only:
  * nothing to gain, and the ideal stays the plain run) or when no op's fit the budget. */
 static void scratch_init(struct lifetime *lt, const struct model *m)
 {
@@ -649,7 +649,8 @@ static void scratch_init(struct lifetime *lt, const struct model *m)
             lt->home[t] = m->tensor[t].data;
             sample = t;
         }
-    if (most == 0 || most > lt->budget || node_of(m->tensor[sample].data) <= 0)
+    const int cxl_node = cxlssd_cxl_node();
+    if (most == 0 || most > lt->budget || cxl_node < 0 || node_of(m->tensor[sample].data) != cxl_node)
         return;
     lt->scratch = tensor_map(most, true);
     lt->scratch_bytes = most;
@@ -683,7 +684,7 @@ static void scratch_before(struct lifetime *lt, struct model *m, unsigned i)
 }
 
 /* After the op: its short-lived tensors are dead, so the scratch's pages are freed (the next
- * op's first touches get zeroed pages in node 0) and the tensors point home again. */
+ * op's first touches get zeroed pages in host DRAM) and the tensors point home again. */
 static void scratch_after(struct lifetime *lt, struct model *m)
 {
     if (lt->scratch_booked == 0)

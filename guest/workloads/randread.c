@@ -21,8 +21,8 @@
  * stream, independent of the order the tasks ran in), the expected increments of every
  * written word are counted (sorted, not in the data), and every written word and 4096
  * random unwritten ones must hold mix(seed, i) + their increments. The report also says
- * where the hot set's pages are, as the guest sees it (move_pages(2)): how many are on node 0
- * (promoted) and how many on other nodes. One JSON line on stdout; exit 0, 1 if the check
+ * where the hot set's pages are, as the guest sees it (move_pages(2)): how many are in host
+ * DRAM (promoted) and how many on the CXL node. One JSON line on stdout; exit 0, 1 if the check
  * failed, 2 for a usage error.
  */
 #include "common.h"
@@ -190,14 +190,17 @@ static uint64_t check(const struct options *opt, const uint64_t *data, uint64_t 
     return mismatches;
 }
 
-/* Pages of [data, data + bytes) on node 0 and on any other node (move_pages with no target
- * nodes only reports where each page is). */
-static void where_pages_are(const uint64_t *data, uint64_t bytes, uint64_t *on_node0, uint64_t *elsewhere)
+/* Pages of [data, data + bytes) in host DRAM (any node but the CXL node), of those on the
+ * node promoted pages go to (cxlssd_dram_node()), and on the CXL node (move_pages with no
+ * target nodes only reports where each page is). */
+static void where_pages_are(const uint64_t *data, uint64_t bytes, uint64_t *in_dram, uint64_t *on_dram_node,
+                            uint64_t *on_cxl)
 {
     enum { BATCH = 512 };
     void *pages[BATCH];
     int status[BATCH];
-    *on_node0 = *elsewhere = 0;
+    const int cxl_node = cxlssd_cxl_node(), dram_node = cxlssd_dram_node();
+    *in_dram = *on_dram_node = *on_cxl = 0;
     const uint64_t n = (bytes + 4095) / 4096;
     for (uint64_t first = 0; first < n; first += BATCH) {
         const unsigned count = n - first < BATCH ? (unsigned)(n - first) : BATCH;
@@ -206,8 +209,9 @@ static void where_pages_are(const uint64_t *data, uint64_t bytes, uint64_t *on_n
         if (syscall(SYS_move_pages, 0, (unsigned long)count, pages, NULL, status, 0) != 0)
             return;
         for (unsigned k = 0; k < count; k++) {
-            *on_node0 += status[k] == 0;
-            *elsewhere += status[k] > 0;
+            *in_dram += status[k] >= 0 && status[k] != cxl_node;
+            *on_dram_node += status[k] == dram_node;
+            *on_cxl += status[k] == cxl_node;
         }
     }
 }
@@ -282,8 +286,8 @@ int main(int argc, char **argv)
     const long roi_faults = usage.ru_minflt + usage.ru_majflt - faults_before;
     const uint64_t parent_roi_ns = parent_cpu_ns() - parent_before_ns;
 
-    uint64_t writes, checksum = 0, hot_on_node0, hot_elsewhere;
-    where_pages_are(data, opt.hot_words * sizeof *data, &hot_on_node0, &hot_elsewhere);
+    uint64_t writes, checksum = 0, hot_in_dram, hot_on_dram_node, hot_on_cxl;
+    where_pages_are(data, opt.hot_words * sizeof *data, &hot_in_dram, &hot_on_dram_node, &hot_on_cxl);
     const uint64_t mismatches = check(&opt, data, &writes, &checksum);
 
     struct wl_json j = wl_report_begin();
@@ -299,8 +303,9 @@ int main(int argc, char **argv)
     wl_json_u64(&j, "writes", writes);
     wl_json_u64(&j, "switches", cxlssd_switches());
     wl_json_u64(&j, "mismatches", mismatches);
-    wl_json_u64(&j, "hot_pages_on_node0", hot_on_node0);
-    wl_json_u64(&j, "hot_pages_elsewhere", hot_elsewhere);
+    wl_json_u64(&j, "hot_pages_in_dram", hot_in_dram);
+    wl_json_u64(&j, "hot_pages_on_dram_node", hot_on_dram_node);
+    wl_json_u64(&j, "hot_pages_on_cxl", hot_on_cxl);
     wl_json_u64(&j, "roi_page_faults", (uint64_t)roi_faults);
     wl_json_u64(&j, "roi_parent_cpu_ns", parent_roi_ns);
     return wl_report_end(&j, mismatches == 0, checksum);

@@ -110,6 +110,14 @@ class ConfigModel(BaseModel):
 SizeBytes = Annotated[int, BeforeValidator(size_bytes)]
 
 
+def _size_or_zero(value: object) -> int:
+    return size_bytes(value, minimum_bytes=0)
+
+
+# The same, where 0 leaves the part out.
+SizeOrZeroBytes = Annotated[int, BeforeValidator(_size_or_zero)]
+
+
 def number_in(low: float, high: float, unit: str) -> BeforeValidator:
     """A number of ``unit`` in ``low..high`` as a float: not true/false (YAML's 1/0), not
     NaN; the message says the range."""
@@ -458,9 +466,10 @@ _SIZE_TYPE = "size (bytes, or with KiB/MiB/GiB/TiB)"
 
 
 def _is_size(info: FieldInfo) -> bool:
-    """Whether the field is a :data:`SizeBytes` (pydantic keeps its validators in the
-    field's metadata)."""
-    return any(isinstance(m, BeforeValidator) and m.func is size_bytes for m in info.metadata)
+    """Whether the field is a :data:`SizeBytes` or :data:`SizeOrZeroBytes` (pydantic keeps
+    its validators in the field's metadata)."""
+    sizes = (size_bytes, _size_or_zero)
+    return any(isinstance(m, BeforeValidator) and m.func in sizes for m in info.metadata)
 
 
 def _type_name(annotation: object) -> str:

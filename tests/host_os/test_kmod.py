@@ -212,7 +212,7 @@ def test_promotion_is_rung_by_the_plugin_and_polled_without_the_helper(
     """Under a design that promotes, the plugin rings the doorbell's vector 1 when the mailbox
     got decisions and the helper wakes the daemon and tells it where the program maps each
     page (no scan of its page map); without the helper the daemon polls and scans. The hot
-    pages reach node 0 either way."""
+    pages reach host DRAM either way."""
     import re
 
     from cxlssd.host_os.kmod.load import helper_stats, load_helper, unload_helper
@@ -232,21 +232,21 @@ def test_promotion_is_rung_by_the_plugin_and_polled_without_the_helper(
     summary = re.compile(r"(\d+) promoted, .* (\d+) scans, woken (\d+) times by the kernel helper.*, "
                          r"(\d+) pages located by it\n")
     woken = summary.search(err)
-    print(f"rung: {err.strip()}; {report['hot_pages_on_node0']} hot pages on node 0")
+    print(f"rung: {err.strip()}; {report['hot_pages_in_dram']} hot pages in DRAM")
     assert woken is not None, err
     promoted, scans, wakeups, located = (int(group) for group in woken.groups())
     assert promoted > 0 and wakeups > 0 and scans == 0 and located >= promoted, err
     stats = helper_stats(guest)
     assert stats["promote_irq"] == 1 and stats["promote_rings"] - rings_before >= wakeups
-    assert report["hot_pages_on_node0"] >= 0.9 * HOT_PAGES
+    assert report["hot_pages_in_dram"] >= 0.9 * HOT_PAGES
 
     unload_helper(guest)
     try:
         report, err = promote()
     finally:
         load_helper(guest, helper_tree)
-    print(f"polled: {err.strip()}; {report['hot_pages_on_node0']} hot pages on node 0")
+    print(f"polled: {err.strip()}; {report['hot_pages_in_dram']} hot pages in DRAM")
     assert "woken 0 times by the kernel helper (polled the mailbox: no /dev/cxlssd_promote)" in err
     polled = summary.search(err)
     assert polled is not None and int(polled[2]) > 0 and int(polled[4]) == 0, err
-    assert report["hot_pages_on_node0"] >= 0.9 * HOT_PAGES
+    assert report["hot_pages_in_dram"] >= 0.9 * HOT_PAGES

@@ -66,6 +66,8 @@ def test_shipped_configs_load() -> None:
         ({"cpu": {"string_bytes_per_insn": 0}}, "cpu.string_bytes_per_insn: must be positive"),
         ({"cpu": {"string_bytes_per_insn": 8192}}, "at most 4096"),
         ({"guest": {"dram": "100MiB"}}, "not a multiple of 128MiB"),
+        ({"guest": {"movable_dram": "100MiB"}}, "guest.movable_dram: 100MiB is not a multiple of 128MiB"),
+        ({"guest": {"movable_dram": "16GiB"}}, "16GiB is more than the 8GiB QEMU's memory hotplug"),
         ({"guest": {"clock": "wall"}}, "guest.clock: expected one of instructions, host, got 'wall'"),
         ({"guest": {"kernel_helper": "yes"}}, "guest.kernel_helper: expected true or false, got 'yes'"),
         ({"guest": []}, "expected a mapping"),

@@ -52,11 +52,23 @@ def test_cxl_list_shows_memdev_and_region(default_platform: Platform) -> None:
 
 
 def test_cxl_node_is_cpuless_with_the_configured_size(default_platform: Platform) -> None:
-    assert [d.node for d in default_platform.devices] == [1]
+    # node 1 is the movable DRAM node (a pc-dimm): the CXL window's node comes after it
+    assert [d.node for d in default_platform.devices] == [2]
     _assert_cpuless_nodes(default_platform)
     # ZONE_MOVABLE: the guest kernel's own allocations stay off the device.
     _, zoneinfo, _ = default_platform.guest().run(["cat", "/proc/zoneinfo"], check=True)
-    assert "Node 1, zone  Movable" in zoneinfo.decode()
+    assert "Node 2, zone  Movable" in zoneinfo.decode()
+
+
+def test_the_movable_dram_node_is_cpuless_movable_and_the_configured_size(default_platform: Platform) -> None:
+    assert default_platform.dram_node == 1
+    cpus, size_bytes = _node_facts(default_platform, 1)
+    assert cpus == "" and size_bytes == default_platform.config.guest.movable_dram_bytes
+    _, zoneinfo, _ = default_platform.guest().run(["cat", "/proc/zoneinfo"], check=True)
+    node1 = zoneinfo.decode().split("Node 1, zone")[1:]
+    present = {zone.split()[0]: int(zone.split("present")[1].split()[0]) for zone in node1}
+    # every page of it ZONE_MOVABLE: only programs bound to it (or moved there) use it
+    assert present["Movable"] * 4096 == size_bytes and sum(present.values()) == present["Movable"]
 
 
 def test_bound_process_writes_into_the_device_backing_file(default_platform: Platform) -> None:
@@ -89,7 +101,7 @@ def test_bound_process_writes_into_the_device_backing_file(default_platform: Pla
 @pytest.mark.slow
 def test_two_devices_give_two_cpuless_nodes() -> None:
     with Platform(load_config(CONFIG_DIR / "two-devices.yaml")) as platform:
-        assert sorted(d.node for d in platform.devices) == [1, 2]
+        assert sorted(d.node for d in platform.devices) == [2, 3]  # node 1: the movable DRAM
         _assert_cpuless_nodes(platform)
 
 

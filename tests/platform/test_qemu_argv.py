@@ -42,6 +42,15 @@ def test_two_devices_get_own_bridges_and_windows() -> None:
     ]
 
 
+def test_the_movable_dram_node_is_a_cold_plugged_dimm_on_a_cpu_less_node() -> None:
+    argv = _argv("default.yaml")
+    assert "memory-backend-ram,id=ram1,size=2048M" in argv
+    assert argv[argv.index("node,nodeid=1") - 1] == "-numa"  # no cpus=, no memory at boot
+    assert "pc-dimm,id=movable-dram,memdev=ram1,node=1" in argv
+    without = config_from_dict({"guest": {"movable_dram": 0}}, "t.yaml")
+    assert not [a for a in _argv("", without) if "pc-dimm" in a or "nodeid=1" in a]
+
+
 def test_ssh_forward_is_loopback_only_and_qmp_is_a_unix_socket() -> None:
     """The user network lets nothing out of the guest (restrict=on) but the SSH forward,
     whose host port QEMU binds itself (port 0), read back from ``info usernet``."""

@@ -107,9 +107,9 @@ def test_switches_and_promotions_together_keep_every_word(default_platform: Plat
     roi = run(default_platform, "skybyte-full", 3, hot)
     os, report = roi["device"]["os"], roi["report"]
     print(f"skybyte-full 3 threads: {roi['modelled_ns'] / 1e6:.3f} ms; {json.dumps(os)}; "
-          f"hot pages on node 0: {report['hot_pages_on_node0']}; writes {report['writes']}")
+          f"hot pages in DRAM: {report['hot_pages_in_dram']}; writes {report['writes']}")
     assert os["kernel_switches"] > 500 and report["writes"] > 2000
-    assert report["hot_pages_on_node0"] > 0
+    assert report["hot_pages_in_dram"] > 0
 
 
 def test_the_recorded_run_carries_its_threads_and_replays_with_them(runs: dict[tuple[str, int], Any]) -> None:
