@@ -11,11 +11,11 @@
  * child's page map), moves it with move_pages(2) to host DRAM (promotion: the platform's
  * movable DRAM node, whose placement is reset before each run, else node 0;
  * cxlssd_dram_node()) or back to the CXL node (demotion), and reports each move to the
- * firmware with a marker (PROMOTED: P and the page's new physical address in RAM, so the plugin can count the LLC misses
- * the promoted page serves; DEMOTED; PROMOTE_FAILED when the page is gone). The kernel
- * copies the page, so the copy's device reads and writes are modelled as any others, and
- * this daemon's own instructions run on the guest's vCPUs: their time is on the modelled
- * clock.
+ * firmware with a marker (PROMOTED: P and the page's new physical address in RAM, so the
+ * plugin can count the LLC misses the promoted page serves; DEMOTED; PROMOTE_FAILED when
+ * the page is gone). The kernel copies the page, so the copy's device reads and writes are
+ * modelled as any others, and this daemon's own instructions run on the guest's vCPUs:
+ * their time is on the modelled clock.
  *
  * When it looks is fixed by the guest's execution, not by the host's speed: with the
  * kernel helper (host_os/kmod/), it blocks in read(2) of /dev/cxlssd_promote, which

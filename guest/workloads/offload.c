@@ -17,8 +17,8 @@
  * --policy none: tensors stay where they are. --policy lifetime: the K profiling iterations
  * record which ops use each tensor (the ops declare their tensors, the executor records what
  * ran); from then on, before op i the tensors used within the next --lookahead ops are
- * promoted to host DRAM (cxlssd_promote: move_pages to cxlssd_dram_node(), reported to the firmware),
- * and after op i the tensors whose last use in the iteration was op i are demoted
+ * promoted to host DRAM (cxlssd_promote: move_pages to cxlssd_dram_node(), reported to the
+ * firmware), and after op i the tensors whose last use in the iteration was op i are demoted
  * (cxlssd_demote), unless the next iteration's prefetch would bring them back at once.
  * Promoted bytes stay within --dram-budget: a prefetch that does not fit evicts (demotes)
  * the promoted tensors whose next use is further away than its own, furthest first
@@ -35,8 +35,8 @@
  * modelled clock (cxlssd_clock_ns, 0 outside a live run: the report's times are then null).
  *
  * Self-check after the ROI: the same K + N iterations run again on freshly allocated
- * tensors placed in host DRAM (cxlssd_dram_node(), with mbind: another placement, no moves, and cheap
- * to emulate); the final weights and biases and every iteration's loss must be bit-identical
+ * tensors placed in host DRAM (cxlssd_dram_node(), with mbind: another placement, no moves,
+ * and cheap to emulate); the final weights and biases and every iteration's loss must be bit-identical
  * to the measured run's, the losses finite and the last below the first. One JSON line on
  * stdout; exit 0, 1 if the check failed, 2 for a usage error.
  */
@@ -406,16 +406,16 @@ static double run_op(const struct model *m, const struct op *op)
 #define MPOL_BIND 2
 
 /* A mapping of `bytes`, its pages not yet touched (placed when touched: by the process's
- * policy, or in host DRAM, cxlssd_dram_node(), if `dram`); no transparent huge pages: tensors move a 4 KiB page at a
- * time, as the firmware's promotion tables count them. */
+ * policy, or in host DRAM, cxlssd_dram_node(), if `dram`); no transparent huge pages:
+ * tensors move a 4 KiB page at a time, as the firmware's promotion tables count them. */
 static char *tensor_map(uint64_t bytes, bool dram)
 {
     char *p = wl_alloc(bytes);
     madvise(p, bytes, MADV_NOHUGEPAGE); /* (advice: without THP support it fails, harmlessly) */
     if (dram) {
-        const unsigned long dram = 1ul << cxlssd_dram_node();
+        const unsigned long nodes = 1ul << cxlssd_dram_node();
         /* a failure (no NUMA support) leaves the pages to the process's policy: only slower */
-        syscall(SYS_mbind, p, bytes, MPOL_BIND, &dram, 8 * sizeof dram, 0ul);
+        syscall(SYS_mbind, p, bytes, MPOL_BIND, &nodes, 8 * sizeof nodes, 0ul);
     }
     return p;
 }
