@@ -148,12 +148,10 @@ def main() -> None:
             with open(state, "w") as f:
                 f.write("online_movable")
     device_nodes = {device["node"] for device in devices}
-    dram_nodes = [
-        int(path.rsplit("node", 1)[1])
-        for path in glob.glob("/sys/devices/system/node/node[0-9]*")
-        if int(path.rsplit("node", 1)[1]) not in device_nodes
-    ]
-    dram_node = min((n for n in dram_nodes if not has_cpus(n) and node_blocks(n)), default=None)
+    nodes = (int(path.rsplit("node", 1)[1]) for path in glob.glob("/sys/devices/system/node/node[0-9]*"))
+    dram_node = min(
+        (n for n in nodes if n not in device_nodes and not has_cpus(n) and node_blocks(n)), default=None
+    )
     print(json.dumps({"devices": devices, "dram_node": dram_node}))
 
 

@@ -413,7 +413,10 @@ static char *tensor_map(uint64_t bytes, bool dram)
     char *p = wl_alloc(bytes);
     madvise(p, bytes, MADV_NOHUGEPAGE); /* (advice: without THP support it fails, harmlessly) */
     if (dram) {
-        const unsigned long nodes = 1ul << cxlssd_dram_node();
+        static int dram_node = -1; /* looked up once (sysfs): it does not change while we run */
+        if (dram_node < 0)
+            dram_node = cxlssd_dram_node();
+        const unsigned long nodes = 1ul << dram_node;
         /* a failure (no NUMA support) leaves the pages to the process's policy: only slower */
         syscall(SYS_mbind, p, bytes, MPOL_BIND, &nodes, 8 * sizeof nodes, 0ul);
     }

@@ -203,13 +203,20 @@ def test_profiles_reject_a_bad_threshold_and_an_unknown_scheduler() -> None:
         Controller.from_profile(load_profile("skybyte-p", ["migration.policy=hot"]))
 
 
-def test_the_pv_page_carries_features_answers_and_the_mailbox(tmp_path: Path) -> None:
+def _pv_page(tmp_path: Path, slots: int, mailbox_entries: int) -> tuple[Path, np.ndarray, np.ndarray]:
+    """A pv page whose header the plugin would have written (magic, vCPU slots, the mailbox
+    at 2048 with ``mailbox_entries``): its path, its u64 words and its header's u32 fields."""
     path = tmp_path / "pv"
     pv.create_page(path)
     words = np.memmap(path, dtype=np.uint64, mode="r+")
-    words[0] = protocol.PV_MAGIC  # as the plugin writes its header
+    words[0] = protocol.PV_MAGIC
     header = words[:8].view(np.uint32)
-    header[3], header[8], header[9] = 2, 2048, 4  # 2 slots; a mailbox of 4 entries
+    header[3], header[8], header[9] = slots, 2048, mailbox_entries
+    return path, words, header
+
+
+def test_the_pv_page_carries_features_answers_and_the_mailbox(tmp_path: Path) -> None:
+    path, words, header = _pv_page(tmp_path, slots=2, mailbox_entries=4)
     with pv.PvPage(path) as page:
         page.set_features(protocol.FEATURE_CONTEXT_SWITCH | protocol.FEATURE_PROMOTION, "earliest-ready")
         assert header[6] == 3 and header[7] == 1
@@ -227,12 +234,7 @@ def test_the_pv_page_carries_features_answers_and_the_mailbox(tmp_path: Path) ->
 
 
 def test_the_mailbox_drops_promotions_when_full_and_holds_demotions(tmp_path: Path) -> None:
-    path = tmp_path / "pv"
-    pv.create_page(path)
-    words = np.memmap(path, dtype=np.uint64, mode="r+")
-    words[0] = protocol.PV_MAGIC
-    header = words[:8].view(np.uint32)
-    header[3], header[8], header[9] = 1, 2048, 2  # a mailbox of 2 entries
+    path, words, _ = _pv_page(tmp_path, slots=1, mailbox_entries=2)
     controller = Controller.from_profile(load_profile("skybyte-p"))
     guest_driven(controller)
     for page in (1, 2, 3):
@@ -256,12 +258,7 @@ def test_the_mailbox_drops_promotions_when_full_and_holds_demotions(tmp_path: Pa
 
 
 def test_a_new_firmware_discards_the_decisions_an_earlier_run_left_in_the_mailbox(tmp_path: Path) -> None:
-    path = tmp_path / "pv"
-    pv.create_page(path)
-    words = np.memmap(path, dtype=np.uint64, mode="r+")
-    words[0] = protocol.PV_MAGIC
-    header = words[:8].view(np.uint32)
-    header[3], header[8], header[9] = 1, 2048, 4  # a mailbox of 4 entries
+    path, words, _ = _pv_page(tmp_path, slots=1, mailbox_entries=4)
     with pv.PvPage(path) as page:
         first = Mailbox(page, Controller.from_profile(load_profile("skybyte-p")))
         for device_page in (5, 6, 7):
