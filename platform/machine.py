@@ -61,6 +61,9 @@ RESET_PLACEMENT_TIMEOUT_S = 120.0
 FIRST_CXL_BUS, CXL_BUS_STRIDE = 12, 8
 SHUTDOWN_TIMEOUT_S = 15.0
 SERIAL_TAIL_LINES = 25
+# What the guest prints on its serial console once sshd listens (the image's
+# ssh.service drop-in, guest/rootfs/etc/systemd/system/ssh.service.d).
+SSHD_READY = b"cxlssd: sshd is listening"
 KEEP_LOG_DIRS = 20
 QEMU_REAP_GRACE_S = 1.0  # a lost guest connection waits this long to see whether QEMU died
 PRUNE_AFTER_S = 3600  # only log dirs written to longer ago than this are pruned
@@ -450,6 +453,10 @@ class Platform(Lifecycle):
         usernet = self._qmp.cmd("human-monitor-command", **{"command-line": "info usernet"})
         self.ssh_port = forwarded_ssh_port(str(usernet))
         self._write_instance_file()
+        # Not a TCP probe before sshd listens: QEMU accepts it on the host side at once,
+        # and while the guest has no network yet its SYN retries deliver it to sshd
+        # seconds after boot, a fork and key exchange inside some program's ROI.
+        self._wait_for_serial(SSHD_READY, deadline)
         try:
             wait_for_banner(self.ssh_port, deadline, self._check_alive)
         except TimeoutError:
@@ -461,6 +468,19 @@ class Platform(Lifecycle):
             raise GuestError(
                 f"cannot log in to guest {self.name} over SSH ({error}); {self.serial_tail()}"
             ) from None
+
+    def _wait_for_serial(self, line: bytes, deadline: float) -> None:
+        """Until the guest has printed ``line`` on its serial console."""
+        while True:
+            self._check_alive()
+            try:
+                if line in self.serial_log.read_bytes():
+                    return
+            except FileNotFoundError:
+                pass  # QEMU has not opened it yet
+            if time.monotonic() > deadline:
+                raise self._not_ready(f"(no '{line.decode()}' on the serial console)")
+            time.sleep(0.2)
 
     def _setup_cxl(self, deadline: float) -> tuple[list[CxlDevice], int | None]:
         assert self.ssh is not None and self._files is not None

@@ -92,6 +92,12 @@ KERNEL_ARGS = (
     # guest kernel's own allocations then stay on node 0.
     "memhp_default_state=offline",
     "mitigations=off", "systemd.show_status=false",
+    # Periodic kernel work that preempted programs inside ROIs (docs/live.md, "A quiet
+    # guest"): the soft-lockup watchdog's stop-machine every 4 s, pressure-stall
+    # averaging every 2 s, and each node's kcompactd waking every 500 ms to score
+    # fragmentation for proactive compaction (which would also move a run's pages
+    # between the placement resets).
+    "nowatchdog", "psi=0", "sysctl.vm.compaction_proactiveness=0",
 )
 
 
@@ -146,7 +152,10 @@ def qemu_argv(qemu: QemuBinary, config: PlatformConfig, files: LaunchFiles) -> l
         "-qmp", f"unix:{files.qmp_socket},server=on,wait=off",
         "-qmp", f"unix:{files.inject_socket},server=on,wait=off",
         "-serial", f"file:{files.serial_log}",
-        "-display", "none", "-monitor", "none", "-no-reboot",
+        # -nodefaults: no VGA and no CD-ROM. Their periodic work in the guest (fbcon's
+        # cursor blink with DRM's damage work every 200 ms, the CD-ROM's media poll every
+        # 2 s) preempted programs inside ROIs by 5-14 000 instructions (docs/live.md).
+        "-display", "none", "-monitor", "none", "-nodefaults", "-no-reboot",
         *(ICOUNT_ARGS if config.guest.clock == "instructions" else ()),
     ]
     windows = []

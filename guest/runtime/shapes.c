@@ -25,7 +25,10 @@
  * (tests/platform/test_live.py). One JSON line: per shape its ROI id, the
  * instructions per step it should take, and what the guest saw around its ROI (read
  * outside the markers): its own wall-clock time and the local timer interrupts
- * (/proc/interrupts, LOC), the two that show whether the guest's clock follows the host.
+ * (/proc/interrupts, LOC), the two that show whether the guest's clock follows the host;
+ * and the guest events that legitimately add kernel instructions to an ROI: interrupts
+ * of every kind (the timer's included), this process's context switches (a kernel
+ * thread preempting it) and page faults.
  *
  * Memory placement is the caller's: run it under `numactl --membind=N`.
  */
@@ -37,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "cxlssd.h"
@@ -121,46 +125,56 @@ STRING_SHAPE(copy_movsq, "mov %[src], %%rsi\n\tmov %[dst], %%rdi", "rep movsq")
 STRING_SHAPE(fill_stosb, "mov %[src], %%rax\n\tmov %[dst], %%rdi", "rep stosb")
 
 struct seen {
-    uint64_t guest_ns, timer_interrupts;
+    uint64_t guest_ns, timer_interrupts, interrupts, faults, context_switches;
 };
 
-/* Local timer interrupts so far, all CPUs (the LOC line of /proc/interrupts); 0 if unreadable. */
-static uint64_t timer_interrupts(void)
+/* Interrupts so far, all CPUs, from /proc/interrupts: the local timer's (LOC) in
+ * *timer, every line's in *all (devices, IPIs, the timer). Both 0 if unreadable. */
+static void count_interrupts(uint64_t *timer, uint64_t *all)
 {
     FILE *f = fopen("/proc/interrupts", "r");
     char line[4096];
-    uint64_t total = 0;
+    *timer = *all = 0;
     while (f != NULL && fgets(line, sizeof line, f) != NULL) {
-        char *p = line;
-        while (*p == ' ')
-            p++;
-        if (strncmp(p, "LOC:", 4) != 0)
-            continue;
-        p += 4;
-        for (char *end;; p = end) {
+        char *p = strchr(line, ':');
+        if (p == NULL)
+            continue; /* the CPU header */
+        const int loc = strncmp(line + strspn(line, " "), "LOC:", 4) == 0;
+        uint64_t total = 0;
+        for (char *end = ++p;; p = end) {
             unsigned long long count = strtoull(p, &end, 10);
             if (end == p)
                 break;
             total += count;
         }
-        break;
+        *all += total;
+        if (loc)
+            *timer = total;
     }
     if (f != NULL)
         fclose(f);
-    return total;
 }
 
 static struct seen look(void)
 {
     struct timespec now;
+    struct rusage usage;
+    struct seen seen;
     clock_gettime(CLOCK_MONOTONIC, &now);
-    return (struct seen){(uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec, timer_interrupts()};
+    getrusage(RUSAGE_SELF, &usage);
+    count_interrupts(&seen.timer_interrupts, &seen.interrupts);
+    seen.guest_ns = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+    seen.faults = (uint64_t)(usage.ru_minflt + usage.ru_majflt);
+    seen.context_switches = (uint64_t)(usage.ru_nvcsw + usage.ru_nivcsw);
+    return seen;
 }
 
 static struct seen since(struct seen before)
 {
     struct seen now = look();
-    return (struct seen){now.guest_ns - before.guest_ns, now.timer_interrupts - before.timer_interrupts};
+    return (struct seen){now.guest_ns - before.guest_ns, now.timer_interrupts - before.timer_interrupts,
+                         now.interrupts - before.interrupts, now.faults - before.faults,
+                         now.context_switches - before.context_switches};
 }
 
 /* Each line's first word points to the next line, the last back to the first. */
@@ -208,6 +222,7 @@ int main(int argc, char **argv)
      * its instructions; asleep, the vCPU is left to it. */
     const struct timespec settle = {.tv_sec = 0, .tv_nsec = SETTLE_NS};
     nanosleep(&settle, NULL);
+    (void)look(); /* its first call's page faults (stdio's buffers) land before any ROI */
     const uint64_t mask = bytes - 1;
     uint64_t check = 0;
     struct seen seen[N_SHAPES];
@@ -242,10 +257,11 @@ int main(int argc, char **argv)
         const int string = i >= 5;
         printf("%s\"%s\": {\"roi\": %u, \"steps\": %" PRIu64 ", \"insns_per_step\": %u, "
                "\"string_bytes_per_step\": %" PRIu64 ", \"guest_ns\": %" PRIu64 ", \"timer_interrupts\": %" PRIu64
-               "}",
+               ", \"interrupts\": %" PRIu64 ", \"faults\": %" PRIu64 ", \"context_switches\": %" PRIu64 "}",
                i ? ", " : "", names[i], i + 1, string ? string_steps : steps,
                string ? STRING_LOOP_INSNS : i < 4 ? BODY_INSNS : CHASE_INSNS, string ? string_bytes : 0,
-               seen[i].guest_ns, seen[i].timer_interrupts);
+               seen[i].guest_ns, seen[i].timer_interrupts, seen[i].interrupts, seen[i].faults,
+               seen[i].context_switches);
     }
     printf("}}\n");
     munmap(buf, bytes);

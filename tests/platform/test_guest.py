@@ -71,6 +71,26 @@ def test_the_movable_dram_node_is_cpuless_movable_and_the_configured_size(defaul
     assert present["Movable"] * 4096 == size_bytes and sum(present.values()) == present["Movable"]
 
 
+def test_the_guest_runs_no_periodic_work_the_platform_removed(default_platform: Platform) -> None:
+    """What preempted programs inside ROIs (docs/platform.md, "A quiet guest") is gone from
+    the booted guest: no framebuffer, no CD-ROM, no soft-lockup watchdog, no pressure-stall
+    averaging, no proactive compaction; and no SSH connection reached sshd that the platform
+    did not make (a probe made before the guest had a network arrived seconds later)."""
+    script = (
+        "ls /sys/class/graphics /sys/class/block; cat /proc/sys/kernel/watchdog "
+        "/proc/sys/vm/compaction_proactiveness; test -e /proc/pressure && echo pressure; "
+        "journalctl --no-pager -o cat -t sshd-session"
+    )
+    _, out, _ = default_platform.guest().run(["sh", "-c", script])
+    text = out.decode()
+    assert "fb0" not in text and "sr0" not in text and "pressure" not in text.splitlines()
+    watchdog, proactiveness = [line for line in text.splitlines() if line.isdigit()][:2]
+    assert watchdog == "0" and proactiveness == "0"
+    # The one banner probe after sshd said it listens (reset: it reads the banner and
+    # closes), then the platform's login; nothing closed before authenticating.
+    assert "Accepted publickey" in text and "Connection closed by" not in text, text
+
+
 def test_bound_process_writes_into_the_device_backing_file(default_platform: Platform) -> None:
     marker = secrets.token_bytes(16)
     pages = 64

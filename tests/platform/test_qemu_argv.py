@@ -79,3 +79,11 @@ def test_guest_clocks_follow_instructions_by_default_and_host_time_on_request() 
     assert argv[argv.index("-icount") + 1] == "shift=0,sleep=on"
     host = _argv("", config_from_dict({"guest": {"clock": "host"}}))
     assert "-icount" not in host
+
+
+def test_the_guest_gets_no_default_devices_and_no_periodic_housekeeping() -> None:
+    """docs/platform.md, "A quiet guest": work that preempted programs inside ROIs."""
+    argv = _argv("default.yaml")
+    assert "-nodefaults" in argv  # no VGA (fbcon's cursor blink), no CD-ROM (media poll)
+    kernel_args = argv[argv.index("-append") + 1].split()
+    assert {"nowatchdog", "psi=0", "sysctl.vm.compaction_proactiveness=0"} <= set(kernel_args)
