@@ -414,6 +414,12 @@ def interrupts_and_faults(shape: dict[str, int]) -> int:
     return shape["interrupts"] + shape["faults"]
 
 
+def guest_work_insns(interrupts: int, context_switches: int) -> int:
+    """What the guest kernel and other tasks may add to an ROI: an interrupt's worth for
+    each of ``interrupts`` and one more, a preemption's for each context switch."""
+    return EVENT_INSNS * (interrupts + 1) + PREEMPTION_INSNS * context_switches
+
+
 def assert_same_counts(shapes: Shapes, reference: Shapes, what: str) -> None:
     """Every shape counts what it counts in ``reference``, but for the interrupts one saw
     more and the other tasks that preempted it."""
@@ -423,7 +429,7 @@ def assert_same_counts(shapes: Shapes, reference: Shapes, what: str) -> None:
         runs = (shapes.report[name], reference.report[name])
         seen_more = abs(interrupts_and_faults(runs[0]) - interrupts_and_faults(runs[1]))
         switches = max(run["context_switches"] for run in runs)
-        allowed = SAME_COUNT * count + EVENT_INSNS * (seen_more + 1) + PREEMPTION_INSNS * switches
+        allowed = SAME_COUNT * count + guest_work_insns(seen_more, switches)
         assert abs(shapes.counts[name] - count) <= allowed, (what, name)
 
 
@@ -437,8 +443,7 @@ def assert_strings_charged_by_bytes(shapes: Shapes, what: str) -> None:
         expected = shape["steps"] * (shape["insns_per_step"] + 1 + shape["string_bytes_per_step"] // per_insn)
         print(f"{what} {name}: {shapes.counts[name]} instructions, {expected} expected")
         assert expected <= shapes.counts[name], (what, name)
-        guest_work = EVENT_INSNS * (interrupts_and_faults(shape) + 1)
-        guest_work += PREEMPTION_INSNS * shape["context_switches"]
+        guest_work = guest_work_insns(interrupts_and_faults(shape), shape["context_switches"])
         assert shapes.counts[name] <= expected * (1 + SAME_COUNT) + guest_work, (what, name)
 
 
