@@ -354,6 +354,10 @@ class Controller:
             self._pending_count -= 1
             self.counters.promotions_failed += 1
 
+    def cached(self, page: int) -> bool:
+        """Whether ``page`` (DPA >> 12) is in the data cache (SSD DRAM) now."""
+        return self.cache is not None and self.cache.lookup(page) >= 0
+
     def count_host_accesses(self, pages: np.ndarray) -> None:
         """LLC misses that promoted pages (original device page numbers) served from
         host DRAM (host-managed): their recency and the migration window's

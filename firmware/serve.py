@@ -78,11 +78,15 @@ class ControlFile:
 
 class Mailbox:
     """Promotion decisions on their way to the guest's daemon, through the pv page's
-    mailbox. A promotion that finds it full is dropped (the controller may decide
-    it again on a later hit): the mailbox bounds the decisions in flight, as an
-    OS bounds its migration rate, and a burst of one-off hits (a workload writing
-    its data) does not queue thousands of stale moves. A demotion waits (in order)
-    for room: the budget depends on it.
+    mailbox, as SkyByte's promotion queue carries them to its promotion thread
+    (artifact ``HieronZhang/SkyByte-Artifact`` 4a78756f, ``ftl.cc``: a decision is
+    pushed to a queue, one thread takes the entries in order and skips a page no
+    longer in the SSD cache). A decision that finds the mailbox full waits here, in
+    decision order, and goes to the mailbox as the guest takes entries; when its turn
+    comes, a page that has left the data cache since is given up (the host did not
+    promote it: the controller may decide it again on later hits) instead of posted:
+    its data is no longer hot in the device. A demotion goes before any waiting
+    promotion: the budget depends on it.
 
     The room is what the guest had taken out when its daemon last reported a page
     (:meth:`reported`, at a PROMOTED/DEMOTED/PROMOTE_FAILED marker): the daemon writes
@@ -94,21 +98,25 @@ class Mailbox:
         self.page = page
         self.controller = controller
         self.demotions: collections.deque[int] = collections.deque()
+        # at most one entry per page: a page waiting here is pending, not decided again
+        self.promotions: collections.deque[int] = collections.deque()
         # Attached before the run's daemon starts: an earlier run's leftovers go.
         self.discarded = page.discard_pending()
         self.consumed = page.consumed()
         self.posted = 0
-        self.dropped = 0
+        self.waited = 0  # promotions that found the mailbox full (or others waiting)
+        self.stale = 0  # promotions given up: the page had left the data cache
 
     def post(self, device_page: int, demote: bool) -> None:
         if demote:
             self.demotions.append(device_page)
             self.flush()
-        elif self.demotions or not self.page.post(device_page, False, self.consumed):
-            self.dropped += 1
-            self.controller.host_gave_up(device_page)
-        else:
-            self.posted += 1
+            return
+        behind_others = bool(self.demotions or self.promotions)
+        self.promotions.append(device_page)
+        self.flush()
+        if behind_others or self.promotions:
+            self.waited += 1
 
     def reported(self) -> None:
         """The guest's daemon reported a page: it has taken what it took, room may be free."""
@@ -119,9 +127,23 @@ class Mailbox:
         while self.demotions and self.page.post(self.demotions[0], True, self.consumed):
             self.demotions.popleft()
             self.posted += 1
+        if self.demotions:
+            return
+        while self.promotions:
+            device_page = self.promotions[0]
+            if not self.controller.cached(device_page):
+                self.promotions.popleft()
+                self.stale += 1
+                self.controller.host_gave_up(device_page)
+            elif self.page.post(device_page, False, self.consumed):
+                self.promotions.popleft()
+                self.posted += 1
+            else:
+                return
 
     def stats(self) -> dict[str, int]:
-        return {"posted": self.posted, "promotions_dropped": self.dropped,
+        return {"posted": self.posted, "promotions_waited": self.waited,
+                "promotions_stale": self.stale, "promotions_waiting": len(self.promotions),
                 "demotions_waiting": len(self.demotions), "discarded_at_start": self.discarded}
 
 

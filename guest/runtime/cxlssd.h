@@ -115,7 +115,9 @@ long cxlssd_hint(unsigned kind, unsigned op, const void *addr, unsigned long byt
 
 /*
  * Wait (sleeping, at most timeout_ms of wall-clock time) until the promotion daemon has
- * carried out every decision the firmware posted: a benchmark calls it between setting
+ * carried out every decision the firmware made (those that waited in the firmware for room
+ * in the mailbox too: the daemon looks again after each batch, which lets them in; the
+ * mailbox is empty only when none is left): a benchmark calls it between setting
  * up its data and its ROI, so that moves decided during the set-up are not paid for
  * inside the ROI. Returns at once without a design that promotes. 0 when settled, -1
  * (errno ETIMEDOUT) when the time ran out.

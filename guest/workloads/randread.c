@@ -261,8 +261,8 @@ int main(int argc, char **argv)
     uint64_t state = wl_stream(opt.common.seed, STREAM_WARM);
     for (uint64_t k = 0; k < opt.warm_reads; k++) {
         warm += ((volatile uint64_t *)data)[next_access(&opt, &state).word];
-        /* the promotion daemon shares the vCPU: a decision that found the mailbox full
-         * is made again on later hits, so let the moves catch up now and then */
+        /* the promotion daemon shares the vCPU and falls behind the decisions (they
+         * wait in the firmware): let the moves catch up now and then */
         if ((k + 1) % WARM_SETTLE_READS == 0)
             cxlssd_settle(60000);
     }

@@ -233,44 +233,76 @@ def test_the_pv_page_carries_features_answers_and_the_mailbox(tmp_path: Path) ->
     assert header[6] == 0  # closed: the guest sees no firmware
 
 
-def test_the_mailbox_drops_promotions_when_full_and_holds_demotions(tmp_path: Path) -> None:
+def _decided(controller: Controller, pages: tuple[int, ...]) -> None:
+    """``pages`` in the data cache and decided for promotion, as ``_count_hit`` leaves them."""
+    assert controller.cache is not None
+    for page in pages:
+        controller.cache.insert(page, seq=page)
+        controller.pending[page] = True
+        controller._pending_count += 1
+
+
+def test_the_mailbox_queues_promotions_when_full_and_sends_demotions_first(tmp_path: Path) -> None:
     path, words, _ = _pv_page(tmp_path, slots=1, mailbox_entries=2)
     controller = Controller.from_profile(load_profile("skybyte-p"))
     guest_driven(controller)
-    for page in (1, 2, 3):
-        controller.pending[page] = True  # decided, as _count_hit would
-        controller._pending_count += 1
+    _decided(controller, (1, 2, 3, 4))
     with pv.PvPage(path) as page:
         mailbox = Mailbox(page, controller)
-        for device_page in (1, 2, 3):
+        for device_page in (1, 2, 3, 4):
             mailbox.post(device_page, demote=False)
-        # the third found the mailbox full: dropped, and no longer pending
-        assert mailbox.stats() == {"posted": 2, "promotions_dropped": 1, "demotions_waiting": 0,
+        # the third and fourth found the mailbox full: they wait, still pending (not decided again)
+        assert mailbox.stats() == {"posted": 2, "promotions_waited": 2, "promotions_stale": 0,
+                                   "promotions_waiting": 2, "demotions_waiting": 0,
                                    "discarded_at_start": 0}
-        assert controller.pending_promotions().tolist() == [1, 2]
-        mailbox.post(9, demote=True)  # a demotion waits for room
+        assert controller.pending_promotions().tolist() == [1, 2, 3, 4]
+        mailbox.post(9, demote=True)  # a demotion waits for room too, ahead of the promotions
         assert mailbox.stats()["demotions_waiting"] == 1
         words[258] = 2  # the daemon took both out (its `taken`)...
         mailbox.flush()
         assert mailbox.stats()["demotions_waiting"] == 1  # ... unknown to the firmware until
         mailbox.reported()  # its first report, a point of the request stream
-        assert mailbox.stats()["demotions_waiting"] == 0 and words[256 + 8] == 9 | protocol.PV_DEMOTE
+        assert mailbox.stats()["demotions_waiting"] == 0 and mailbox.stats()["promotions_waiting"] == 1
+        assert words[256 + 8 : 256 + 10].tolist() == [9 | protocol.PV_DEMOTE, 3]  # in order
+
+
+def test_a_waiting_promotion_whose_page_left_the_data_cache_is_given_up(tmp_path: Path) -> None:
+    path, words, _ = _pv_page(tmp_path, slots=1, mailbox_entries=1)
+    controller = Controller.from_profile(load_profile("skybyte-p"))
+    guest_driven(controller)
+    _decided(controller, (1, 2, 3))
+    assert controller.cache is not None
+    with pv.PvPage(path) as page:
+        mailbox = Mailbox(page, controller)
+        for device_page in (1, 2, 3):
+            mailbox.post(device_page, demote=False)
+        controller.cache.invalidate(2)  # evicted while it waited: its hits are history
+        words[258] = 1
+        mailbox.reported()
+        # 2 is skipped (the host did not promote it: it may be decided again), 3 goes
+        assert mailbox.stats()["promotions_stale"] == 1 and mailbox.stats()["posted"] == 2
+        assert words[256 + 8] == 3 and controller.pending_promotions().tolist() == [1, 3]
+        assert controller.counters.promotions_failed == 1
 
 
 def test_a_new_firmware_discards_the_decisions_an_earlier_run_left_in_the_mailbox(tmp_path: Path) -> None:
     path, words, _ = _pv_page(tmp_path, slots=1, mailbox_entries=4)
     with pv.PvPage(path) as page:
-        first = Mailbox(page, Controller.from_profile(load_profile("skybyte-p")))
+        first_controller = Controller.from_profile(load_profile("skybyte-p"))
+        _decided(first_controller, (5, 6, 7))
+        first = Mailbox(page, first_controller)
         for device_page in (5, 6, 7):
             first.post(device_page, demote=False)
         words[258] = 1  # its daemon took one out, then its program ended
-        second = Mailbox(page, Controller.from_profile(load_profile("skybyte-p")))
+        controller = Controller.from_profile(load_profile("skybyte-p"))
+        _decided(controller, (1, 2, 3, 4))
+        second = Mailbox(page, controller)
         # the next run's daemon starts from an empty mailbox with all its room
         assert second.stats()["discarded_at_start"] == 2
         assert words[256] == words[257] == words[258] == 3 and page.consumed() == 3
         for device_page in (1, 2, 3, 4):
             second.post(device_page, demote=False)
-        assert second.stats()["posted"] == 4 and second.stats()["promotions_dropped"] == 0
+        assert second.stats()["posted"] == 4 and second.stats()["promotions_waited"] == 0
 
 
 def test_a_device_page_freed_by_a_promotion_can_be_reused_and_promoted_again() -> None:

@@ -29,8 +29,8 @@ HOT = ("--footprint", "32M", "--reads", "40000", "--hot", "4M", "--hot-share", "
 # vCPU, so without a warm-up no move finished inside it (0 of 3 030 decisions applied,
 # measured) and what was on node 0 was whatever the set-up's decisions had moved
 # (426-780 of 1024 in five runs). The warm-up waits for the moves every 10 000 reads
-# (a decision that found the mailbox full is made again on later hits): 1024 of 1024
-# in two runs; 728-908 when it waited only at its end.
+# (decisions that find the mailbox full wait in the firmware): 1024 of 1024 in two
+# runs; 728-908 when it waited only at its end.
 WARM = ("--warm-reads", "100000")
 # SkyByte's adaptive threshold settles at 7 SSD-DRAM hits per 10 000-access window here,
 # which about half the hot pages reach (docs/host-os.md): promote at 2 to see all of them go.
@@ -40,13 +40,15 @@ EAGER = ("migration.policy=fixed", "migration.initial_threshold=2")
 def run(platform: Platform, design: str, *args: str, overrides: tuple[str, ...] = SMALL_SSD) -> tuple[
         dict[str, Any], dict[str, Any], str]:
     """randread under ``design``: (its report, the ROI's results with the run's device
-    counters under ``run``, its stderr)."""
+    counters under ``run`` and the firmware's mailbox statistics under ``mailbox``, its stderr)."""
     with platform.attach(design, overrides) as session:
         _, out, err = session.run(["randread", *args], check=True)
     report = json.loads(out)
     assert report["check_ok"] and report["mismatches"] == 0, report
-    (roi,) = session.results["rois"]
-    return report, {**roi, "run": session.results["counters"]}, err.decode(errors="replace")
+    results = session.results
+    (roi,) = results["rois"]
+    run_results = {**roi, "run": results["counters"], "mailbox": results["mailbox"]}
+    return report, run_results, err.decode(errors="replace")
 
 
 EARLIEST_READY = ("context_switch.scheduler=earliest-ready",)
@@ -147,6 +149,12 @@ def test_promotion_moves_the_hot_set_to_dram_and_approaches_dram_only(default_pl
     # (promoted while the data was set up or warmed: randread waits for those moves
     # before its ROI, cxlssd_settle)
     assert promoted["run"]["model"]["promotions_applied"] >= hot_pages and " promoted" in err
+    # more decisions than the mailbox's 248 entries: they waited in the firmware, and every
+    # one was posted, given up as stale, or is still waiting (SkyByte's promotion queue)
+    model, mailbox = promoted["run"]["model"], promoted["mailbox"]
+    assert mailbox["promotions_waited"] > 0
+    assert (mailbox["posted"] + mailbox["promotions_stale"] + mailbox["promotions_waiting"]
+            + mailbox["demotions_waiting"]) == model["promotions_decided"] + model["demotions_decided"]
     # the device stopped seeing them: DRAM served most of the accesses that left the LLC
     # (the rest: cold reads; 0.98 measured)
     assert promoted["promoted_share"] > 0.8
