@@ -76,6 +76,10 @@ SWITCH_RUNTIME = 0
 #: ... the kernel helper, parking a thread: its instructions are the switch's cost
 SWITCH_KERNEL = 1
 
+#: XFER_BEGIN's argument: the guest OS's promotion daemon carries out the firmware's
+#: decisions (SkyByte's promotion thread: the device's work, not the program's CPU's)
+XFER_BY_OS = 1 << 63
+
 #: HINT kinds (bits 56..63 of the marker's argument)
 HINT_NEED = 1
 HINT_DEAD = 2

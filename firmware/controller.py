@@ -57,6 +57,7 @@ from cxlssd.firmware.migration import (
     MIGRATION_POLICIES,
     MigrationConfig,
     MigrationPolicy,
+    MoveCost,
     SkyByteThreshold,
 )
 from cxlssd.firmware.profile import Profile
@@ -165,6 +166,7 @@ class Controller:
         write_log: WriteLog | None = None,
         migration: MigrationPolicy | None = None,
         host_capacity_pages: int = 0,
+        move_cost: MoveCost | None = None,
         auto_apply: bool = True,
         context_switch: ContextSwitchPolicy | None = None,
         timebase: str = "compute",
@@ -183,6 +185,7 @@ class Controller:
         self.log = write_log
         self.migration = migration
         self.host_capacity_pages = host_capacity_pages
+        self.move_cost = move_cost or MoveCost()
         self.auto_apply = auto_apply
         # The guest OS moves promoted pages (live runs): a promoted page leaves the
         # device (its device page is freed and may be reused), and accesses to it
@@ -274,6 +277,7 @@ class Controller:
             device_pages=device_pages, latencies=latencies, cache=cache, flash=flash,
             write_log=write_log, migration=migration,
             host_capacity_pages=p.capacity_bytes("migration.host_capacity_bytes") // PAGE_BYTES,
+            move_cost=MoveCost(p["migration.move_host_ns_per_batch"], p["migration.move_host_ns_per_page"]),
             auto_apply=p["migration.auto_apply"], context_switch=switch,
             timebase=timebase, vectorize=vectorize,
         )

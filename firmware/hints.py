@@ -28,6 +28,14 @@ accounts for it as a transfer of a device-side DMA engine instead:
 * ``XFER_WAIT`` (``addr`` = ticket): the vCPU needs the transfer's data; it is
   charged ``max(0, done - now)``. What the transfer took beyond that wait ran
   while the vCPU computed: the overlap.
+* ``XFER_BEGIN`` with ``XFER_BY_OS`` set: the guest OS's promotion daemon carrying
+  out the firmware's decisions (one bracket per look at the mailbox,
+  host_os/promoter.c). SkyByte's promotion thread is the device's: the program's
+  CPU pays nothing for a move (artifact, ftl.cc ``promotion_thread``). So the
+  daemon's work in the bracket is taken back as a transfer's copy is, the CPU is
+  charged ``migration.move_host_ns_per_batch`` / ``_per_page`` instead (0 as
+  evaluated), and nobody waits for it. A bracket belongs to the thread that opened
+  it: the daemon may preempt a program inside the program's own bracket.
 
 Lifetime hints (``HINT``, ``addr`` = kind << 56 | op << 48 | pages << 32 | first
 device page) name a run of device pages of one tensor:
@@ -50,7 +58,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from cxlssd.abi.protocol import HINT_DEAD, HINT_NEED, MAX_HINT_PAGES
+from cxlssd.abi.protocol import HINT_DEAD, HINT_NEED, MAX_HINT_PAGES, XFER_BY_OS
 from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.request import FLAG_POSTED, PAGE_BYTES, PAGE_SHIFT, Op, Source
 
@@ -93,6 +101,17 @@ class TransferCounters:
     waits: int = 0
     wait_ns: int = 0  # what the vCPU waited for transfers: the part not overlapped
     waited_busy_ns: int = 0  # the duration of the transfers waited for
+    # the promotion daemon's looks at the mailbox (XFER_BY_OS brackets), apart from the
+    # program's transfers above
+    os_looks: int = 0
+    os_pages: int = 0  # pages it moved in them
+    os_flash_pages: int = 0
+    os_busy_ns: int = 0  # the engine's time on them
+    os_taken_back_ns: int = 0  # the daemon's vCPU time in them, taken back
+    os_host_ns: int = 0  # the CPU's part charged instead (migration.move_host_ns_*)
+    # requests of another thread on a vCPU while a bracket was open there: that thread ran
+    # inside the bracket, and its time between its requests was taken back with it
+    foreign_requests: int = 0
     hint_markers: int = 0
     need_pages: int = 0
     need_prefetched: int = 0  # NEED pages read into the data cache
@@ -105,20 +124,29 @@ class TransferCounters:
 class _Open:
     ticket: int
     to_device: bool
+    by_os: bool
     begin_clock_ns: int
     pages: int = 0
     flash_pages: int = 0
+    # what brackets of other threads that ran inside this one charged the vCPU: in this
+    # bracket's clock advance, and not its work
+    inner_host_ns: int = 0
 
 
 class TransferEngine:
-    """Settles transfer brackets and hints per vCPU (see the module doc)."""
+    """Settles transfer brackets and hints per vCPU (see the module doc).
+
+    A bracket belongs to the guest thread that opened it (the kernel helper tags every
+    request with its thread; 0 when no helper runs: then the vCPU's): the promotion
+    daemon's bracket may run inside a program's, and each claims only its own
+    requests."""
 
     def __init__(self, controller: Controller, config: EngineConfig | None = None) -> None:
         self.controller = controller
         self.config = config or EngineConfig()
         self.counters = TransferCounters()
         self.free_ns = 0  # when the engine's last transfer is done
-        self._open: dict[int, _Open] = {}  # vCPU -> its bracket
+        self._open: dict[tuple[int, int], _Open] = {}  # (vCPU, thread) -> its bracket
         self._done: dict[int, tuple[int, int]] = {}  # ticket -> (start, done)
 
     def clock_ns(self, vcpu: int, local_ns: int) -> int:
@@ -128,52 +156,81 @@ class TransferEngine:
     def brackets_open(self) -> bool:
         return bool(self._open)
 
-    def in_bracket(self, vcpu: int) -> bool:
-        """Whether ``vcpu``'s device requests are the engine's now."""
-        return vcpu in self._open
+    def _key(self, vcpu: int, thread: int) -> tuple[int, int]:
+        """The open bracket's key that a request of ``thread`` on ``vcpu`` belongs to (a
+        bracket opened where no thread was known claims the whole vCPU)."""
+        return (vcpu, thread) if (vcpu, thread) in self._open else (vcpu, 0)
 
-    def begin(self, vcpu: int, arg: int, local_ns: int) -> None:
-        if vcpu in self._open:
-            log.warning("transfer %d began on vCPU %d inside transfer %d: the earlier one is dropped",
-                        arg >> 1, vcpu, self._open[vcpu].ticket)
-        self._open[vcpu] = _Open(arg >> 1, bool(arg & 1), self.clock_ns(vcpu, local_ns))
+    def in_bracket(self, vcpu: int, thread: int) -> bool:
+        """Whether the device requests of ``thread`` on ``vcpu`` are the engine's now."""
+        return self._key(vcpu, thread) in self._open
 
-    def page_moved(self, vcpu: int) -> None:
-        """A PROMOTED/DEMOTED report of ``vcpu`` (inside a bracket: one of its pages)."""
-        bracket = self._open.get(vcpu)
+    def begin(self, vcpu: int, thread: int, arg: int, local_ns: int) -> None:
+        key = (vcpu, thread)
+        by_os = bool(arg & XFER_BY_OS)
+        arg &= ~XFER_BY_OS
+        if key in self._open:
+            log.warning("transfer %d began on vCPU %d, thread %d inside transfer %d: the earlier one is "
+                        "dropped", arg >> 1, vcpu, thread, self._open[key].ticket)
+        self._open[key] = _Open(arg >> 1, bool(arg & 1), by_os, self.clock_ns(vcpu, local_ns))
+
+    def page_moved(self, vcpu: int, thread: int) -> None:
+        """A PROMOTED/DEMOTED report (inside a bracket: one of its pages)."""
+        bracket = self._open.get(self._key(vcpu, thread))
         if bracket is not None:
             bracket.pages += 1
 
+    def _claims(self, requests: np.ndarray) -> list[tuple[_Open, np.ndarray, int]]:
+        """Each open bracket with the mask of its requests in ``requests`` and its vCPU."""
+        claims = []
+        for (vcpu, thread), bracket in self._open.items():
+            mine = requests["vcpu"] == vcpu
+            if thread:
+                mine &= requests["thread"] == thread
+            claims.append((bracket, mine, vcpu))
+        return claims
+
     def as_engine_work(self, requests: np.ndarray) -> np.ndarray:
-        """``requests`` with those of vCPUs inside a bracket made the engine's: issued at
-        the bracket's begin and posted (a copy; the others unchanged)."""
+        """``requests`` with those of the threads inside a bracket made the engine's:
+        issued at the bracket's begin and posted (a copy; the others unchanged)."""
         engine = requests.copy()
-        for vcpu, bracket in self._open.items():
-            mine = engine["vcpu"] == vcpu
+        claimed = np.zeros(requests.shape[0], dtype=bool)
+        on_vcpus = np.zeros(requests.shape[0], dtype=bool)
+        for bracket, mine, vcpu in self._claims(requests):
+            on_vcpus |= requests["vcpu"] == vcpu
             if not mine.any():
                 continue
+            claimed |= mine
             begin_ns = bracket.begin_clock_ns
             if self.controller.compute_timebase:  # the controller adds the vCPU's stall
                 begin_ns -= self.controller.vcpu_stall_ns(vcpu)
             engine["time_ns"][mine] = max(0, begin_ns)
             engine["flags"][mine] |= FLAG_POSTED
+        self.counters.foreign_requests += int(np.count_nonzero(on_vcpus & ~claimed))
         return engine
 
     def served(self, requests: np.ndarray, out: np.ndarray) -> None:
         """Device requests served while a bracket is open: count the pages read from flash."""
-        for vcpu, bracket in self._open.items():
-            mine = requests["vcpu"] == vcpu
+        for bracket, mine, _ in self._claims(requests):
             bracket.flash_pages += int(np.count_nonzero(out["source"][mine] == Source.FLASH))
 
-    def end(self, vcpu: int, ticket: int, local_ns: int) -> None:
-        bracket = self._open.pop(vcpu, None)
+    def end(self, vcpu: int, thread: int, ticket: int, local_ns: int) -> None:
+        bracket = self._open.pop(self._key(vcpu, thread), None)
         if bracket is None or bracket.ticket != ticket:
-            log.warning("transfer %d ended on vCPU %d without its begin: ignored", ticket, vcpu)
+            log.warning("transfer %d ended on vCPU %d, thread %d without its begin: ignored",
+                        ticket, vcpu, thread)
             return
         cfg, c = self.config, self.counters
-        copy_ns = self.clock_ns(vcpu, local_ns) - bracket.begin_clock_ns
-        host_ns = cfg.host_ns_per_transfer + cfg.host_ns_per_page * bracket.pages
+        copy_ns = self.clock_ns(vcpu, local_ns) - bracket.begin_clock_ns - bracket.inner_host_ns
+        if bracket.by_os:
+            cost = self.controller.move_cost
+            host_ns = cost.ns_per_batch + cost.ns_per_page * bracket.pages if bracket.pages else 0
+        else:
+            host_ns = cfg.host_ns_per_transfer + cfg.host_ns_per_page * bracket.pages
         self.controller.charge_stall(vcpu, host_ns - copy_ns)
+        for (other_vcpu, _), outer in self._open.items():  # brackets this one ran inside
+            if other_vcpu == vcpu:
+                outer.inner_host_ns += host_ns
         nbytes = bracket.pages * PAGE_BYTES
         duration_ns = 0
         if bracket.pages:
@@ -187,6 +244,14 @@ class TransferEngine:
             duration_ns = first_ns + max(link_ns, flash_ns)
         start_ns = max(bracket.begin_clock_ns, self.free_ns)
         self.free_ns = start_ns + duration_ns
+        if bracket.by_os:  # nobody waits for the daemon's moves
+            c.os_looks += 1
+            c.os_pages += bracket.pages
+            c.os_flash_pages += bracket.flash_pages
+            c.os_busy_ns += duration_ns
+            c.os_taken_back_ns += copy_ns
+            c.os_host_ns += host_ns
+            return
         self._done[ticket] = (start_ns, self.free_ns)
         if len(self._done) > MAX_UNWAITED_TRANSFERS:  # never waited for: forget the oldest
             del self._done[next(iter(self._done))]

@@ -33,6 +33,19 @@ class MigrationConfig:
     window_accesses: int = 10_000
 
 
+@dataclass(frozen=True)
+class MoveCost:
+    """The CPU's part of the moves the guest OS carries out for the firmware's decisions
+    (host_os/promoter.c brackets each look at the mailbox for the transfer engine,
+    firmware/hints.py): the rest of the daemon's work is the device's, as the promotion
+    thread's is in SkyByte's artifact (ftl.cc ``promotion_thread``: no CPU cost)."""
+
+    #: per look that moved pages (the wake-up, the system call's entry)
+    ns_per_batch: int = 0
+    #: per page moved (its page-table entry, a share of the TLB shootdown)
+    ns_per_page: int = 0
+
+
 class MigrationPolicy(Protocol):
     #: a page is promoted on the SSD-DRAM hit that brings its count to this value
     threshold: int

@@ -190,7 +190,8 @@ class StreamServer:
         vcpu = int(request["vcpu"][0])
         # inside a transfer bracket the read is the engine's (posted): the vCPU has nothing
         # to wait for, so nothing to switch away from
-        latency_ns = 0 if self.transfers.in_bracket(vcpu) else int(out["latency_ns"][0])
+        in_bracket = self.transfers.in_bracket(vcpu, int(request["thread"][0]))
+        latency_ns = 0 if in_bracket else int(out["latency_ns"][0])
         ticket, long_delay, ready_ns = self.switching.query(vcpu, int(out["start_ns"][0]), latency_ns)
         if self.on_query is not None:
             self.on_query(vcpu, ticket, long_delay, ready_ns)
@@ -239,7 +240,7 @@ class StreamServer:
         cmd = int(record["flags"])
         self.switching.marker(vcpu, cmd, addr, int(record["time_ns"]))
         if cmd > MarkerCmd.CLOCK:
-            self._runtime_marker(cmd, vcpu, addr, int(record["time_ns"]))
+            self._runtime_marker(cmd, vcpu, int(record["thread"]), addr, int(record["time_ns"]))
             return
         if cmd == MarkerCmd.CLOCK:  # a clock read: answer it, nothing to snapshot
             self.clock_reads += 1
@@ -272,7 +273,7 @@ class StreamServer:
         else:
             log.warning("unknown marker command %d (ROI %d): ignored", marker.cmd, marker.roi)
 
-    def _runtime_marker(self, cmd: int, vcpu: int, arg: int, local_ns: int) -> None:
+    def _runtime_marker(self, cmd: int, vcpu: int, thread: int, arg: int, local_ns: int) -> None:
         """The promotion reports and the transfer engine's markers (SWITCH/RESUME are
         the switching's)."""
         if cmd in _PAGE_REPORTS and arg >= self.controller.device_pages:
@@ -286,16 +287,16 @@ class StreamServer:
             self.on_report()
         if cmd == MarkerCmd.PROMOTED:
             self.controller.host_promoted(arg)
-            self.transfers.page_moved(vcpu)
+            self.transfers.page_moved(vcpu, thread)
         elif cmd == MarkerCmd.DEMOTED:
             self.controller.host_demoted(arg)
-            self.transfers.page_moved(vcpu)
+            self.transfers.page_moved(vcpu, thread)
         elif cmd == MarkerCmd.PROMOTE_FAILED:
             self.controller.host_gave_up(arg)
         elif cmd == MarkerCmd.XFER_BEGIN:
-            self.transfers.begin(vcpu, arg, local_ns)
+            self.transfers.begin(vcpu, thread, arg, local_ns)
         elif cmd == MarkerCmd.XFER_END:
-            self.transfers.end(vcpu, arg, local_ns)
+            self.transfers.end(vcpu, thread, arg, local_ns)
         elif cmd == MarkerCmd.XFER_WAIT:
             self.transfers.wait(vcpu, arg, local_ns)
         elif cmd == MarkerCmd.HINT:

@@ -13,9 +13,12 @@
  * cxlssd_dram_node()) or back to the CXL node (demotion), and reports each move to the
  * firmware with a marker (PROMOTED: P and the page's new physical address in RAM, so the
  * plugin can count the LLC misses the promoted page serves; DEMOTED; PROMOTE_FAILED when
- * the page is gone). The kernel copies the page, so the copy's device reads and writes are
- * modelled as any others, and this daemon's own instructions run on the guest's vCPUs:
- * their time is on the modelled clock.
+ * the page is gone). Each look at the mailbox is bracketed for the firmware's transfer
+ * engine as the device's work (look()): SkyByte's promotion thread runs in the device, so
+ * the kernel's copy is the engine's transfer and the time this daemon spends on the
+ * program's vCPU is taken back from its clock (the profile's migration.move_host_ns_*
+ * charged instead, 0 as evaluated). It runs SCHED_FIFO, so it carries out decisions as
+ * soon as they come and the program never runs inside a look.
  *
  * When it looks is fixed by the guest's execution, not by the host's speed: with the
  * kernel helper (host_os/kmod/), it blocks in read(2) of /dev/cxlssd_promote, which
@@ -42,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -90,7 +94,8 @@ static struct {
     int dram_node; /* where promoted pages go */
     int looked;   /* the map was rebuilt, or found current, during this batch of decisions */
     int reopened; /* the pagemap was opened again during this batch */
-    uint64_t promoted, demoted, failed, scans, wakeups, asked;
+    uint64_t promoted, demoted, failed, scans, wakeups, asked, looks;
+    int realtime; /* runs SCHED_FIFO: the child cannot run inside a look */
     uint64_t unmapped; /* of the failed: the page was not (or no longer) the child's */
     uint64_t shared, busy; /* of the failed: move_pages' EACCES (mapped by other processes too), EBUSY */
     int other_status;      /* the last other status a failed move had (-errno; a node: it stayed there) */
@@ -376,6 +381,40 @@ static unsigned drain(volatile unsigned long long *pv)
     return done;
 }
 
+/* One look at the mailbox, bracketed for the firmware's transfer engine as the device's
+ * work (XFER_BY_OS, firmware/hints.py): SkyByte's promotion thread is the device's, and
+ * the program's CPU pays nothing for its moves. The daemon runs SCHED_FIFO, so the child
+ * cannot run inside the bracket; what the look does is taken back from the vCPU's clock.
+ * A look preempts the child anywhere, also between its writing its vCPU's pv slot and its
+ * marker, or its clock-read marker and reading the answer: the slot is restored after. */
+static unsigned look(volatile unsigned long long *pv)
+{
+    const volatile struct cxlssd_pv_header *header = (const volatile struct cxlssd_pv_header *)pv;
+    const unsigned cpu = (unsigned)sched_getcpu();
+    volatile struct cxlssd_pv_slot *slot =
+        cpu < header->slots ? (volatile struct cxlssd_pv_slot *)((volatile char *)pv + header->slot_offset +
+                                                                  cpu * header->slot_bytes)
+                            : NULL;
+    uint64_t kept[4] = {0};
+    if (slot != NULL) {
+        kept[0] = slot->clock_ns;
+        kept[1] = slot->seq;
+        kept[2] = slot->arg0;
+        kept[3] = slot->arg1;
+    }
+    const unsigned long long ticket = ++D.looks;
+    cxlssd_report(CXLSSD_CMD_XFER_BEGIN, CXLSSD_XFER_BY_OS | ticket << 1, 0);
+    const unsigned done = drain(pv);
+    cxlssd_report(CXLSSD_CMD_XFER_END, ticket, 0);
+    if (slot != NULL) {
+        slot->clock_ns = kept[0];
+        slot->seq = kept[1];
+        slot->arg0 = kept[2];
+        slot->arg1 = kept[3];
+    }
+    return done;
+}
+
 static int exit_status(int status)
 {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -435,6 +474,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "cxlssd-promote: cannot run %s: %s\n", command[0], strerror(errno));
         _exit(127);
     }
+    /* Real-time, as SkyByte's promotion thread runs beside the program: a look is never
+     * interleaved with the child (its bracket would take the child's time back too) and
+     * never waits for the child's share of the CPU. The child was forked before: it keeps
+     * the normal policy. */
+    const struct sched_param fifo = {.sched_priority = 1};
+    D.realtime = sched_setscheduler(0, SCHED_FIFO, &fifo) == 0;
     signal(SIGINT, forward_signal);
     signal(SIGTERM, forward_signal);
     signal(SIGHUP, forward_signal);
@@ -455,7 +500,7 @@ int main(int argc, char **argv)
         pid_t done = waitpid(child, &status, WNOHANG);
         if (done == child || (done < 0 && errno != EINTR))
             break;
-        if (drain(pv) > 0) {
+        if (look(pv) > 0) {
             /* The batch's reports may have made room for decisions that waited in the
              * firmware: it posts them as it serves the reports, and the next drain's
              * clock read waits for that. Look again at once rather than wait for a ring:
@@ -487,8 +532,9 @@ int main(int argc, char **argv)
     }
     fprintf(stderr, "cxlssd-promote: %" PRIu64 " promoted, %" PRIu64 " demoted, %" PRIu64 " failed (%" PRIu64
                     " not mapped, %" PRIu64 " shared, %" PRIu64 " busy, last other status %d), %" PRIu64 " scans, woken %" PRIu64 " times by the kernel helper%s, %" PRIu64
-                    " pages located by it\n",
+                    " pages located by it, %" PRIu64 " looks%s\n",
             D.promoted, D.demoted, D.failed, D.unmapped, D.shared, D.busy, D.other_status, D.scans, D.wakeups,
-            D.helper >= 0 ? "" : " (polled the mailbox: no /dev/cxlssd_promote)", D.asked);
+            D.helper >= 0 ? "" : " (polled the mailbox: no /dev/cxlssd_promote)", D.asked, D.looks,
+            D.realtime ? "" : " (not real-time: the child may run inside them)");
     return exit_status(status);
 }

@@ -287,11 +287,6 @@ int main(int argc, char **argv)
     const uint64_t size_bytes = slots * opt.stride_bytes; /* whole strides only */
     if (!opt.steps_given)
         opt.steps = slots;
-    /* Find the pv page now, for cxlssd_settle below: done after the warm-up, its search
-     * of /sys (stdio buffers, on the bound node) put +6 % on every flash read of the
-     * ROI (measured; write-backs of those pages, we think). */
-    (void)cxlssd_features();
-
     char *base = mmap(NULL, size_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED) {
         fprintf(stderr, "chase: mmap of %" PRIu64 " bytes failed: %s\n", size_bytes, strerror(errno));

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cxlssd.abi.protocol import XFER_BY_OS
 from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.hints import HINT_DEAD, HINT_NEED, MAX_UNWAITED_TRANSFERS, EngineConfig
 from cxlssd.firmware.live_switching import guest_driven
@@ -23,20 +24,21 @@ HIT_NS = 158
 READ_NS = 3000
 DIES = 16
 CFG = EngineConfig()
+DAEMON, PROGRAM = 70, 90  # guest threads (pids, as the kernel helper tags requests)
 
 
 def host_ns(pages: int) -> int:
     return CFG.host_ns_per_transfer + pages * CFG.host_ns_per_page
 
 
-def record(time_ns: int, addr: int, op: int = Op.READ, flags: int = 0) -> np.ndarray:
+def record(time_ns: int, addr: int, op: int = Op.READ, flags: int = 0, thread: int = 0) -> np.ndarray:
     r = np.zeros(1, dtype=REQUEST_DTYPE)
-    r[0] = (time_ns, addr, 0, 0 if op == Op.MARKER else 64, op, flags, 0)
+    r[0] = (time_ns, addr, 0, 0 if op == Op.MARKER else 64, op, flags, thread)
     return r
 
 
-def mark(time_ns: int, cmd: int, arg: int = 0) -> np.ndarray:
-    return record(time_ns, arg, Op.MARKER, cmd)
+def mark(time_ns: int, cmd: int, arg: int = 0, thread: int = 0) -> np.ndarray:
+    return record(time_ns, arg, Op.MARKER, cmd, thread)
 
 
 def hint(time_ns: int, kind: int, first_page: int, pages: int, op: int = 0) -> np.ndarray:
@@ -48,18 +50,20 @@ def server(design: str = "base-cssd", *overrides: str) -> StreamServer:
     return StreamServer(controller, switching=guest_driven(controller))
 
 
-def promotion(begin_ns: int, ticket: int, pages: list[int], copy_ns: int) -> np.ndarray:
+def promotion(begin_ns: int, ticket: int, pages: list[int], copy_ns: int, thread: int = 0,
+              by_os: bool = False) -> np.ndarray:
     """A promotion move as the guest makes it: the kernel's copy reads every line of each page
-    (over ``copy_ns`` of local time), the library reports each page."""
-    parts = [mark(begin_ns, MarkerCmd.XFER_BEGIN, ticket << 1)]
+    (over ``copy_ns`` of local time), the library (``by_os``: the promotion daemon, one look
+    at the mailbox) reports each page; every record is ``thread``'s."""
+    parts = [mark(begin_ns, MarkerCmd.XFER_BEGIN, (XFER_BY_OS if by_os else 0) | ticket << 1, thread)]
     step = copy_ns // (len(pages) * 64 + 1)
     t = begin_ns
     for page in pages:
         for line in range(64):
             t += step
-            parts.append(record(t, page << 12 | line << 6))
-        parts.append(mark(t, MarkerCmd.PROMOTED, page))
-    parts.append(mark(begin_ns + copy_ns, MarkerCmd.XFER_END, ticket))
+            parts.append(record(t, page << 12 | line << 6, thread=thread))
+        parts.append(mark(t, MarkerCmd.PROMOTED, page, thread))
+    parts.append(mark(begin_ns + copy_ns, MarkerCmd.XFER_END, ticket, thread))
     return np.concatenate(parts)
 
 
@@ -228,3 +232,55 @@ def test_transfers_never_waited_for_do_not_grow_the_firmwares_memory() -> None:
     s.serve(mark(10**9, MarkerCmd.XFER_WAIT, 0))  # forgotten: ignored, nothing charged
     s.serve(mark(10**9, MarkerCmd.XFER_WAIT, MAX_UNWAITED_TRANSFERS + 9))  # kept
     assert s.transfers.counters.waits == 1
+
+
+def test_the_daemons_moves_cost_the_program_nothing_as_skybytes_promotion_thread() -> None:
+    """A look of the promotion daemon (XFER_BY_OS): its work is taken back and, as evaluated,
+    nothing is charged instead (SkyByte's promotion thread is the device's); the engine
+    reads the pages, and nobody waits for them."""
+    s = server()
+    s.serve(promotion(1000, 1, list(range(100, 108)), copy_ns=500_000, thread=DAEMON, by_os=True))
+    assert 1000 + 500_000 + stall(s) == 1000  # the vCPU's clock: back where the look began
+    t = s.transfers.counters
+    assert (t.os_looks, t.os_pages, t.os_flash_pages) == (1, 8, 8)
+    assert (t.os_taken_back_ns, t.os_host_ns) == (500_000, 0)
+    assert t.os_busy_ns > 0 and (t.transfers, t.pages, t.guest_copy_ns) == (0, 0, 0)
+    s.serve(mark(600_000, MarkerCmd.XFER_WAIT, 1, DAEMON))  # not a transfer anyone waits for
+    assert t.waits == 0
+    before = stall(s)
+    s.serve(record(600_010, 107 << 12))  # the engine read it at the look's begin: a hit
+    assert stall(s) - before == HIT_NS
+
+
+def test_the_daemons_cpu_part_is_a_knob_and_an_empty_look_costs_nothing() -> None:
+    s = server("base-cssd", "migration.move_host_ns_per_batch=3000", "migration.move_host_ns_per_page=500")
+    s.serve(promotion(0, 1, [5, 6], copy_ns=40_000, thread=DAEMON, by_os=True))
+    assert 40_000 + stall(s) == 3000 + 2 * 500
+    before = stall(s)
+    s.serve(np.concatenate([mark(50_000, MarkerCmd.XFER_BEGIN, XFER_BY_OS | 2 << 1, DAEMON),
+                            mark(58_000, MarkerCmd.XFER_END, 2, DAEMON)]))
+    assert stall(s) - before == -8000 and s.transfers.counters.os_host_ns == 4000
+
+
+def test_a_look_of_the_daemon_inside_a_programs_transfer_claims_only_its_own_work() -> None:
+    """The daemon (a real-time thread) preempts a program inside the program's bracket: each
+    bracket claims its thread's requests and reports, and the program's is not charged the
+    daemon's CPU part (it is in its clock advance, and not its copy)."""
+    s = server("base-cssd", "migration.move_host_ns_per_batch=3000", "migration.move_host_ns_per_page=500")
+    program = promotion(0, 1, [100], copy_ns=50_000, thread=PROGRAM)
+    first_half = np.flatnonzero(program["time_ns"] < 10_000)
+    daemon = promotion(10_000, 5, [200], copy_ns=5_000, thread=DAEMON, by_os=True)
+    s.serve(np.concatenate([program[first_half], daemon, program[first_half[-1] + 1:]]))
+    t = s.transfers.counters
+    assert (t.pages, t.flash_pages, t.os_pages, t.os_flash_pages) == (1, 1, 1, 1)
+    assert t.guest_copy_ns == 50_000 - 5_000  # the program's own time in its bracket
+    assert t.os_taken_back_ns == 5_000 and t.foreign_requests == 0
+    assert 50_000 + stall(s) == host_ns(1) + 3000 + 500  # each bracket's CPU part, once
+
+
+def test_another_threads_request_inside_a_bracket_is_its_own_and_counted() -> None:
+    s = server()
+    s.serve(np.concatenate([mark(0, MarkerCmd.XFER_BEGIN, XFER_BY_OS | 1 << 1, DAEMON),
+                            record(100, 300 << 12, thread=PROGRAM)]))
+    assert stall(s) == HIT_NS + READ_NS  # the program waits for its cold read
+    assert s.transfers.counters.foreign_requests == 1

@@ -230,12 +230,13 @@ def test_promotion_is_rung_by_the_plugin_and_polled_without_the_helper(
     rings_before = helper_stats(guest)["promote_rings"]
     report, err = promote()
     summary = re.compile(r"(\d+) promoted, .* (\d+) scans, woken (\d+) times by the kernel helper.*, "
-                         r"(\d+) pages located by it\n")
+                         r"(\d+) pages located by it, (\d+) looks\n")
     woken = summary.search(err)
     print(f"rung: {err.strip()}; {report['hot_pages_in_dram']} hot pages in DRAM")
     assert woken is not None, err
-    promoted, scans, wakeups, located = (int(group) for group in woken.groups())
+    promoted, scans, wakeups, located, looks = (int(group) for group in woken.groups())
     assert promoted > 0 and wakeups > 0 and scans == 0 and located >= promoted, err
+    assert looks > wakeups, err  # each wake-up's look, and one more after each batch (real-time: no note)
     stats = helper_stats(guest)
     assert stats["promote_irq"] == 1 and stats["promote_rings"] - rings_before >= wakeups
     assert report["hot_pages_in_dram"] >= 0.9 * HOT_PAGES
