@@ -406,7 +406,7 @@ static unsigned look(volatile unsigned long long *pv)
     cxlssd_report(CXLSSD_CMD_XFER_BEGIN, CXLSSD_XFER_BY_OS | ticket << 1, 0);
     const unsigned done = drain(pv);
     cxlssd_report(CXLSSD_CMD_XFER_END, ticket, 0);
-    if (slot != NULL) {
+    if (slot != NULL && (unsigned)sched_getcpu() == cpu) { /* (moved: another thread may own it now) */
         slot->clock_ns = kept[0];
         slot->seq = kept[1];
         slot->arg0 = kept[2];
