@@ -23,6 +23,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -238,6 +239,10 @@ class Platform(Lifecycle):
         # Descriptors QEMU inherits, named in extra_qemu_args (a tap: ``-netdev tap,fd=N``).
         self.pass_fds = tuple(pass_fds)
         self.name = f"{config.name}-{secrets.token_hex(3)}"
+        # A guest booting in its own thread (multi.py) shuts itself down when its boot
+        # fails while the main thread shuts every guest down (Ctrl-C): one at a time, or
+        # both closed the doorbell's descriptors (EBADF, measured in CI)
+        self._shutdown_lock = threading.RLock()
         self._image = image
         self.rundir: Path | None = None
         self.log_dir = cache_dir() / "logs" / self.name
@@ -532,7 +537,12 @@ class Platform(Lifecycle):
             counters.publish_window(device.hpa_base, device.size_bytes, device.dpa_base)
 
     def shutdown(self) -> None:
-        """Stop QEMU and remove the runtime directory. Safe to call more than once."""
+        """Stop QEMU and remove the runtime directory. Safe to call more than once, also
+        from two threads at once."""
+        with self._shutdown_lock:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
         if self._counters is not None:
             self._counters.close()
             self._counters = None
