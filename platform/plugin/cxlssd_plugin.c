@@ -952,10 +952,11 @@ static void clock_read(unsigned int vcpu, uint64_t now_ps)
     }
     /* The firmware has served everything before the read: a look now sees every decision
      * so far. A program that waits for its moves (cxlssd_settle) reads the clock while it
-     * waits, and makes no device request that would look; the idle look did not ring
-     * for the decisions of its last requests (measured: a settle waited 13 minutes with
-     * one in the mailbox; we guess -icount's round-robin vCPU thread never calls the
-     * idle callback, not verified). */
+     * waits, and makes no device request that would look. The idle look does not ring
+     * under -icount (measured: a settle waited 13 minutes with one decision in the
+     * mailbox): -icount runs every vCPU on QEMU's one round-robin thread, whose wait
+     * (rr_wait_io_event, accel/tcg/tcg-accel-ops-rr.c) never calls the plugins' idle
+     * callback; only the per-vCPU threads' qemu_wait_io_event does (cpu.clock: host). */
     look_at_mailbox(vcpu, 0);
 }
 
