@@ -45,10 +45,13 @@
 #define CXLSSD_CMD_XFER_END 11u      /*   arg0 the ticket */
 #define CXLSSD_CMD_XFER_WAIT 12u     /*   arg0 the ticket */
 #define CXLSSD_CMD_HINT 13u          /* lifetime hint: arg0 kind << 56 | op << 48 | pages << 32 | page */
-#define CXLSSD_CMD_LAST CXLSSD_CMD_HINT
+#define CXLSSD_CMD_DAEMON 14u        /* the kernel helper: the promotion daemon left (id CXLSSD_DAEMON_OFF) */
+#define CXLSSD_CMD_LAST CXLSSD_CMD_DAEMON /* or got back (CXLSSD_DAEMON_ON) its CPU */
 #define CXLSSD_XFER_BY_OS (1ull << 63) /* XFER_BEGIN's arg0: the promotion daemon's moves (firmware/hints.py) */
 #define CXLSSD_SWITCH_RUNTIME 0u     /* the guest runtime's tasks: charged switch_cost_ns */
 #define CXLSSD_SWITCH_KERNEL 1u      /* the kernel helper parked a thread: its instructions are the cost */
+#define CXLSSD_DAEMON_OFF 0u         /* DAEMON's id: the promotion daemon's thread is switched out */
+#define CXLSSD_DAEMON_ON 1u          /*   ... and in again */
 #define CXLSSD_HINT_NEED 1u          /* the tensor is used at op `op`: bring it into SSD DRAM */
 #define CXLSSD_HINT_DEAD 2u          /* its value is dead after op `op`: drop it, no write-back */
 #define CXLSSD_MAX_HINT_PAGES 0xffffu /* pages one HINT marker names at most */

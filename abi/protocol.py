@@ -69,12 +69,18 @@ class MarkerCmd(enum.IntEnum):
     XFER_END = 11  # ... ends (``addr`` = ticket); docs/offload.md, firmware/hints.py
     XFER_WAIT = 12  # the vCPU needs transfer ``addr``'s data
     HINT = 13  # a tensor's lifetime hint (``addr``: kind, op, pages, first device page)
+    DAEMON = 14  # the kernel helper: the promotion daemon's thread left its CPU or got back (DAEMON_*)
 
 
 #: who switched (the SWITCH marker's id): the guest runtime's tasks, charged switch_cost_ns
 SWITCH_RUNTIME = 0
 #: ... the kernel helper, parking a thread: its instructions are the switch's cost
 SWITCH_KERNEL = 1
+#: the DAEMON marker's id: the promotion daemon's thread is switched out (the scheduler
+#: runs another task, e.g. while move_pages(2) waits for an RCU grace period) ...
+DAEMON_OFF = 0
+#: ... and in again (firmware/hints.py: the time between is not the daemon's)
+DAEMON_ON = 1
 
 #: XFER_BEGIN's argument: the guest OS's promotion daemon carries out the firmware's
 #: decisions (SkyByte's promotion thread: the device's work, not the program's CPU's)

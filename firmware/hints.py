@@ -36,6 +36,11 @@ accounts for it as a transfer of a device-side DMA engine instead:
   charged ``migration.move_host_ns_per_batch`` / ``_per_page`` instead (0 as
   evaluated), and nobody waits for it. A bracket belongs to the thread that opened
   it: the daemon may preempt a program inside the program's own bracket.
+* ``DAEMON`` (the kernel helper, at the guest scheduler's switches; ``addr`` =
+  ``DAEMON_OFF`` or ``DAEMON_ON``): the daemon's thread left its CPU or got it back.
+  It runs SCHED_FIFO, yet ``move_pages(2)`` blocks inside a look (it waits for an RCU
+  grace period) and the program runs meanwhile: that time is the program's, so a look
+  takes back only the time its daemon was on the CPU.
 
 Lifetime hints (``HINT``, ``addr`` = kind << 56 | op << 48 | pages << 32 | first
 device page) name a run of device pages of one tensor:
@@ -109,9 +114,12 @@ class TransferCounters:
     os_busy_ns: int = 0  # the engine's time on them
     os_taken_back_ns: int = 0  # the daemon's vCPU time in them, taken back
     os_host_ns: int = 0  # the CPU's part charged instead (migration.move_host_ns_*)
-    # requests of another thread on a vCPU while a bracket was open there: that thread ran
-    # inside the bracket, and its time between its requests was taken back with it
+    # requests of another thread on a vCPU while a bracket was open there and its thread
+    # was not known to be switched out (DAEMON markers): that thread ran inside the
+    # bracket, and its time between its requests was taken back with it
     foreign_requests: int = 0
+    os_switched_out: int = 0  # times the daemon left its CPU inside a look (DAEMON_OFF)
+    os_others_ns: int = 0  # the vCPU time others ran in its looks meanwhile: not taken back
     hint_markers: int = 0
     need_pages: int = 0
     need_prefetched: int = 0  # NEED pages read into the data cache
@@ -131,6 +139,9 @@ class _Open:
     # what brackets of other threads that ran inside this one charged the vCPU: in this
     # bracket's clock advance, and not its work
     inner_host_ns: int = 0
+    # the vCPU's clock when the bracket's thread left its CPU (DAEMON_OFF), while it is out
+    switched_out_clock_ns: int | None = None
+    others_ns: int = 0  # what other threads ran in it meanwhile: not its work
 
 
 class TransferEngine:
@@ -197,7 +208,8 @@ class TransferEngine:
         claimed = np.zeros(requests.shape[0], dtype=bool)
         on_vcpus = np.zeros(requests.shape[0], dtype=bool)
         for bracket, mine, vcpu in self._claims(requests):
-            on_vcpus |= requests["vcpu"] == vcpu
+            if bracket.switched_out_clock_ns is None:
+                on_vcpus |= requests["vcpu"] == vcpu
             if not mine.any():
                 continue
             claimed |= mine
@@ -208,6 +220,21 @@ class TransferEngine:
             engine["flags"][mine] |= FLAG_POSTED
         self.counters.foreign_requests += int(np.count_nonzero(on_vcpus & ~claimed))
         return engine
+
+    def daemon_switched(self, vcpu: int, thread: int, on_cpu: bool, local_ns: int) -> None:
+        """A DAEMON marker: ``thread`` left ``vcpu`` (``on_cpu`` False) or got it back.
+        Only a bracket that thread has open there notes it."""
+        bracket = self._open.get((vcpu, thread))
+        if bracket is None:
+            return
+        now_ns = self.clock_ns(vcpu, local_ns)
+        if not on_cpu:
+            if bracket.switched_out_clock_ns is None:
+                bracket.switched_out_clock_ns = now_ns
+                self.counters.os_switched_out += 1
+        elif bracket.switched_out_clock_ns is not None:
+            bracket.others_ns += now_ns - bracket.switched_out_clock_ns
+            bracket.switched_out_clock_ns = None
 
     def served(self, requests: np.ndarray, out: np.ndarray) -> None:
         """Device requests served while a bracket is open: count the pages read from flash."""
@@ -221,7 +248,9 @@ class TransferEngine:
                         ticket, vcpu, thread)
             return
         cfg, c = self.config, self.counters
-        copy_ns = self.clock_ns(vcpu, local_ns) - bracket.begin_clock_ns - bracket.inner_host_ns
+        # the clock's advance in the bracket less what other threads did in it
+        copy_ns = self.clock_ns(vcpu, local_ns) - bracket.begin_clock_ns
+        copy_ns -= bracket.inner_host_ns + bracket.others_ns
         if bracket.by_os:
             cost = self.controller.move_cost
             host_ns = cost.ns_per_batch + cost.ns_per_page * bracket.pages if bracket.pages else 0
@@ -250,6 +279,7 @@ class TransferEngine:
             c.os_flash_pages += bracket.flash_pages
             c.os_busy_ns += duration_ns
             c.os_taken_back_ns += copy_ns
+            c.os_others_ns += bracket.others_ns
             c.os_host_ns += host_ns
             return
         self._done[ticket] = (start_ns, self.free_ns)

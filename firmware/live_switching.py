@@ -93,6 +93,8 @@ class LiveContextSwitch:
 
     def marker(self, vcpu: int, cmd: int, arg: int, local_ns: int) -> None:
         """A marker of ``vcpu`` at its local clock ``local_ns`` (any command)."""
+        if cmd == MarkerCmd.DAEMON:  # the scheduler's, not the thread's: says nothing of its read
+            return
         if cmd == MarkerCmd.SWITCH:
             self.settle(vcpu, switched=True)
             if arg == SWITCH_KERNEL:

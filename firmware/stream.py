@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from cxlssd.abi.protocol import DAEMON_ON
 from cxlssd.firmware.context_switch import NeverSwitch
 from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.hints import TransferEngine
@@ -301,6 +302,8 @@ class StreamServer:
             self.transfers.wait(vcpu, arg, local_ns)
         elif cmd == MarkerCmd.HINT:
             self.transfers.hint(vcpu, arg, local_ns)
+        elif cmd == MarkerCmd.DAEMON:
+            self.transfers.daemon_switched(vcpu, thread, arg == DAEMON_ON, local_ns)
 
     def device_counters(self) -> dict[str, Any]:
         """The controller's counters with the guest OS's side (switches, the share of

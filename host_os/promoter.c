@@ -18,7 +18,8 @@
  * the kernel's copy is the engine's transfer and the time this daemon spends on the
  * program's vCPU is taken back from its clock (the profile's migration.move_host_ns_*
  * charged instead, 0 as evaluated). It runs SCHED_FIFO, so it carries out decisions as
- * soon as they come and the program never runs inside a look.
+ * soon as they come; the program runs inside a look only while move_pages(2) blocks (an
+ * RCU grace period), and the kernel helper tells the firmware when (DAEMON markers).
  *
  * When it looks is fixed by the guest's execution, not by the host's speed: with the
  * kernel helper (host_os/kmod/), it blocks in read(2) of /dev/cxlssd_promote, which
@@ -383,8 +384,9 @@ static unsigned drain(volatile unsigned long long *pv)
 
 /* One look at the mailbox, bracketed for the firmware's transfer engine as the device's
  * work (XFER_BY_OS, firmware/hints.py): SkyByte's promotion thread is the device's, and
- * the program's CPU pays nothing for its moves. The daemon runs SCHED_FIFO, so the child
- * cannot run inside the bracket; what the look does is taken back from the vCPU's clock.
+ * the program's CPU pays nothing for its moves. The daemon runs SCHED_FIFO: the child
+ * runs inside the bracket only while move_pages(2) blocks, and the kernel helper marks
+ * those spans (DAEMON): what the look itself does is taken back from the vCPU's clock.
  * A look preempts the child anywhere, also between its writing its vCPU's pv slot and its
  * marker, or its clock-read marker and reading the answer: the slot is restored after. */
 static unsigned look(volatile unsigned long long *pv)
@@ -474,10 +476,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "cxlssd-promote: cannot run %s: %s\n", command[0], strerror(errno));
         _exit(127);
     }
-    /* Real-time, as SkyByte's promotion thread runs beside the program: a look is never
-     * interleaved with the child (its bracket would take the child's time back too) and
-     * never waits for the child's share of the CPU. The child was forked before: it keeps
-     * the normal policy. */
+    /* Real-time, as SkyByte's promotion thread runs beside the program: a look never
+     * waits for the child's share of the CPU, and the child runs in it only where the
+     * look blocks (marked by the kernel helper: its time there stays the child's). The
+     * child was forked before: it keeps the normal policy. */
     const struct sched_param fifo = {.sched_priority = 1};
     D.realtime = sched_setscheduler(0, SCHED_FIFO, &fifo) == 0;
     signal(SIGINT, forward_signal);

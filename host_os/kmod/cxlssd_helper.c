@@ -120,6 +120,10 @@ static struct {
 	bool promote_irq;
 	wait_queue_head_t promoters;
 	atomic64_t promote_rings;
+	/* The task that last opened /dev/cxlssd_promote (the daemon), compared against in
+	 * sched_switch's probe, never dereferenced; NULL when its file is closed. */
+	struct task_struct *promoter;
+	atomic64_t daemon_switches; /* DAEMON_OFF markers: the daemon left its CPU */
 } helper;
 
 static struct cxlssd_pv_slot *pv_slot(unsigned int cpu)
@@ -475,11 +479,13 @@ static int promote_open(struct inode *inode, struct file *file)
 		return -ENOMEM;
 	*seen = atomic64_read(&helper.promote_rings);
 	file->private_data = seen;
+	WRITE_ONCE(helper.promoter, current);
 	return 0;
 }
 
 static int promote_release(struct inode *inode, struct file *file)
 {
+	cmpxchg(&helper.promoter, current, NULL);
 	kfree(file->private_data);
 	return 0;
 }
@@ -603,12 +609,13 @@ static struct miscdevice promote_misc = {
 static ssize_t stats_show(struct device *dev, struct device_attribute *attr, char *buf)
 {
 	return sysfs_emit(buf, "pv %d poll_ns %lu doorbell %d switching %d ticks %lld doorbells %lld reactions %lld "
-			  "dropped %lld parks %lld not_parked %lld promote_irq %d promote_rings %lld\n",
+			  "dropped %lld parks %lld not_parked %lld promote_irq %d promote_rings %lld daemon_switches %lld\n",
 			  helper.pv != NULL, poll_ns, helper.doorbell != NULL, switching,
 			  atomic64_read(&helper.ticks), atomic64_read(&helper.doorbells),
 			  atomic64_read(&helper.reactions), atomic64_read(&helper.dropped),
 			  atomic64_read(&helper.parks), atomic64_read(&helper.not_parked),
-			  helper.promote_irq, atomic64_read(&helper.promote_rings));
+			  helper.promote_irq, atomic64_read(&helper.promote_rings),
+			  atomic64_read(&helper.daemon_switches));
 }
 static DEVICE_ATTR_RO(stats);
 
@@ -635,11 +642,23 @@ static void note_thread(struct task_struct *task)
 		WRITE_ONCE(slot->thread, task->pid);
 }
 
-/* sched_switch's probe (TP_PROTO of include/trace/events/sched.h) */
+/* sched_switch's probe (TP_PROTO of include/trace/events/sched.h). The promotion daemon
+ * runs SCHED_FIFO, yet move_pages(2) blocks inside its looks (lru_cache_disable waits for
+ * an RCU grace period) and the program runs meanwhile: the firmware takes back only the
+ * daemon's own time in a look (firmware/hints.py), so it is told when the daemon leaves
+ * its CPU and gets back (each marker is tagged with the daemon's pid). */
 static void note_switch(void *data, bool preempt, struct task_struct *prev, struct task_struct *next,
 			unsigned int prev_state)
 {
+	struct task_struct *daemon = READ_ONCE(helper.promoter);
+
+	if (daemon && prev == daemon && next != daemon) {
+		HELPER_MARKER(CXLSSD_CMD_DAEMON, CXLSSD_DAEMON_OFF);
+		atomic64_inc(&helper.daemon_switches);
+	}
 	note_thread(next);
+	if (daemon && next == daemon && prev != daemon)
+		HELPER_MARKER(CXLSSD_CMD_DAEMON, CXLSSD_DAEMON_ON);
 }
 
 static void note_current(void *unused)

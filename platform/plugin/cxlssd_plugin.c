@@ -897,8 +897,10 @@ static void runtime_marker(unsigned int vcpu, uint32_t cmd, uint32_t id, uint64_
         P.query_state[vcpu] = QUERY_ARMED;
         return;
     }
-    /* A SWITCH says in its id who switched (CXLSSD_SWITCH_*): no argument to race on. */
-    uint64_t arg0 = cmd == CXLSSD_CMD_SWITCH ? id : LOAD_RELAXED(&slot->arg0), arg1 = LOAD_RELAXED(&slot->arg1);
+    /* A SWITCH says in its id who switched (CXLSSD_SWITCH_*), a DAEMON whether the daemon
+     * left or got back its CPU: the kernel's, no argument in the slot to race on. */
+    const int by_id = cmd == CXLSSD_CMD_SWITCH || cmd == CXLSSD_CMD_DAEMON;
+    uint64_t arg0 = by_id ? id : LOAD_RELAXED(&slot->arg0), arg1 = LOAD_RELAXED(&slot->arg1);
     if (P.shared) {
         llc_lock();
     }

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cxlssd.abi.protocol import XFER_BY_OS
+from cxlssd.abi.protocol import DAEMON_OFF, DAEMON_ON, XFER_BY_OS
 from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.hints import HINT_DEAD, HINT_NEED, MAX_UNWAITED_TRANSFERS, EngineConfig
 from cxlssd.firmware.live_switching import guest_driven
@@ -284,3 +284,38 @@ def test_another_threads_request_inside_a_bracket_is_its_own_and_counted() -> No
                             record(100, 300 << 12, thread=PROGRAM)]))
     assert stall(s) == HIT_NS + READ_NS  # the program waits for its cold read
     assert s.transfers.counters.foreign_requests == 1
+
+
+def test_what_the_program_runs_while_a_look_blocks_stays_on_its_clock() -> None:
+    """move_pages(2) blocks inside a look (an RCU grace period): the kernel helper's DAEMON
+    markers tell the firmware when the daemon leaves its CPU and gets it back. The program's
+    time between them (its instructions and its read's stall) is not taken back with the
+    daemon's, and its request there is not counted as foreign."""
+    s = server()
+    look = promotion(0, 1, [100], copy_ns=20_000, thread=DAEMON, by_os=True)
+    cut = np.flatnonzero(look["time_ns"] >= 10_000)[0]  # halfway through the copy
+    program = np.concatenate([
+        mark(10_000, MarkerCmd.DAEMON, DAEMON_OFF, DAEMON),
+        record(14_000, 300 << 12, thread=PROGRAM),  # a cold read: it stalls the vCPU
+        mark(16_000, MarkerCmd.DAEMON, DAEMON_ON, DAEMON),
+    ])
+    # the program's 6 000 ns and the read's stall move the daemon's later records along
+    rest = look[cut:].copy()
+    rest["time_ns"] += 6_000
+    s.serve(np.concatenate([look[:cut], program, rest]))
+    t = s.transfers.counters
+    assert (t.os_switched_out, t.os_others_ns) == (1, 6_000 + HIT_NS + READ_NS)
+    assert t.os_taken_back_ns == 20_000 and t.foreign_requests == 0
+    # the vCPU's clock at the look's end: the program's part stays, the daemon's is gone
+    assert 20_000 + 6_000 + stall(s) == 6_000 + HIT_NS + READ_NS
+
+
+def test_a_daemon_marker_outside_a_look_or_of_another_thread_changes_nothing() -> None:
+    s = server()
+    s.serve(np.concatenate([mark(0, MarkerCmd.DAEMON, DAEMON_OFF, DAEMON),
+                            mark(5_000, MarkerCmd.DAEMON, DAEMON_ON, DAEMON)]))
+    look = promotion(10_000, 1, [100], copy_ns=20_000, thread=DAEMON, by_os=True)
+    s.serve(np.concatenate([look[:5], mark(12_000, MarkerCmd.DAEMON, DAEMON_OFF, PROGRAM), look[5:]]))
+    t = s.transfers.counters
+    assert (t.os_switched_out, t.os_others_ns, t.os_taken_back_ns) == (0, 0, 20_000)
+    assert stall(s) == -20_000
