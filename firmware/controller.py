@@ -576,6 +576,9 @@ class Controller:
             inflight_done = wlog.inflight_done_ns
             flush_level, log_capacity = wlog.flush_level, wlog.capacity
         log_appends = log_invalidations = 0
+        # WriteLog.append gives back the flush's freed space at each append's time; the
+        # inline appends note the latest (retire is monotonic) for the log before it is used
+        log_seen_ns = 0
         # migration
         mig = self.migration
         per_access = False
@@ -667,6 +670,8 @@ class Controller:
                             appended += 1
                             used += 1
                             log_appends += 1
+                            if start > log_seen_ns:
+                                log_seen_ns = start
                             if old & bit:
                                 log_invalidations += 1
                         if counting:
@@ -691,6 +696,7 @@ class Controller:
                     mig.threshold = threshold
                 if wlog is not None:
                     wlog.used, wlog.inflight, wlog.appended = used, inflight, appended
+                    wlog.retire(log_seen_ns)
                 start, latency, source, long_delay, promote, demote = step(
                     time_ns, addr, vcpu, op, int(chunk["flags"][i])
                 )
@@ -734,6 +740,7 @@ class Controller:
             mig.threshold = threshold
         if wlog is not None:
             wlog.used, wlog.inflight, wlog.appended = used, inflight, appended
+            wlog.retire(log_seen_ns)
             wlog.counters.appends += log_appends
             wlog.counters.invalidations += log_invalidations
         o = out[lo:hi]
@@ -1127,6 +1134,9 @@ class Controller:
                 time_ns[mine] += stall[v] + running - charged[mine]
             stall[v] += int(running[-1])
         self._clock_ns = max(self._clock_ns, int(time_ns.max()))
+        if line is not None and log_write.any():  # as each WriteLog.append would
+            assert self.log is not None
+            self.log.retire(int(time_ns[log_write].max()))
         out["start_ns"][lo:hi] = time_ns
         out["latency_ns"][lo:hi] = latency
         out["ready_ns"][lo:hi] = time_ns + latency

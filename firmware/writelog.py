@@ -9,12 +9,16 @@ Compaction starts when the entries in use (valid and invalidated) reach
 ``flush_threshold x capacity`` and runs down to ``compact_to x capacity``: it takes
 pages in the order of their oldest entry, merges each page's valid lines into one
 page (reading the old page from flash only when it is neither fully logged nor in
-the data cache) and programs it once. The compacted entries keep their space until
-the programs are estimated done; appends that find the log full stall until then.
+the data cache) and programs it once. As in SkyByte's artifact (ftl.cc
+``flush_log_region``), the flush goes page by page, waits for each merge read (one
+after another) and issues each program without waiting for it: a page's entries are
+free again once the flush has gone past it, and an append that finds the log full
+stalls until the flush has freed enough. The programs occupy the dies (reads queue
+behind them) but hold no log space.
 
 ``program_interval_ns`` (0: off; the ``flush-throttle`` knob) throttles compaction to
-at most one page program per interval: a compaction of P pages then holds its
-entries' space for at least P x interval after it starts.
+at most one page program per interval: the i-th page of a compaction then gives its
+entries back no sooner than i x interval after it starts.
 """
 
 from __future__ import annotations
@@ -70,7 +74,12 @@ class WriteLog:
         self.page_first = np.zeros(device_pages, dtype=np.int64)  # append number of its oldest
         self.used = 0  # entries in use (valid + invalidated), outside a compaction
         self.inflight = 0  # entries of the compaction in progress (space not yet reusable)
-        self.inflight_done_ns = 0
+        self.inflight_done_ns = 0  # when the last of them is free again
+        # the flush in progress, page by page: when each page's entries are free (ascending),
+        # the entries freed by then (cumulative), and the next page not yet given back
+        self._free_ns = np.zeros(0, dtype=np.int64)
+        self._free_cum = np.zeros(0, dtype=np.int64)
+        self._next_free = 0
         self.appended = 0  # appends so far (orders pages by their oldest entry)
         self.program_interval_ns = 0
         self.counters = LogCounters()
@@ -83,13 +92,24 @@ class WriteLog:
         """Entries that hold the newest copy of their line."""
         return sum(int(m).bit_count() for m in self.mask[np.flatnonzero(self.mask)])
 
+    def _freed_before(self, index: int) -> int:
+        """Entries the flush in progress frees with its pages before ``index``."""
+        return int(self._free_cum[index - 1]) if index else 0
+
     def retire(self, time_ns: int) -> None:
-        """Free the space of a compaction whose programs are done by ``time_ns``."""
-        if self.inflight and time_ns >= self.inflight_done_ns:
+        """Give back the space of the pages the flush in progress has gone through by
+        ``time_ns``."""
+        if not self.inflight:
+            return
+        reached = int(np.searchsorted(self._free_ns, time_ns, side="right"))
+        if reached > self._next_free:
+            self.inflight -= self._freed_before(reached) - self._freed_before(self._next_free)
+            self._next_free = reached
+        if time_ns >= self.inflight_done_ns:
             self.inflight = 0
 
     def _make_room(self, entries: int, time_ns: int) -> int:
-        """Time at which ``entries`` more entries fit (stalling for a compaction if needed)."""
+        """Time at which ``entries`` more entries fit (stalling for the flush if needed)."""
         if entries > self.capacity:  # would wait forever; the profile check prevents it
             raise ValueError(f"{entries} entries can never fit a log of {self.capacity}")
         self.retire(time_ns)
@@ -97,8 +117,13 @@ class WriteLog:
         while self.used + self.inflight + entries > self.capacity:
             if not self.inflight:
                 self.compact(time_ns, self.used + entries - self.capacity)
-            time_ns = max(time_ns, self.inflight_done_ns)
-            self.inflight = 0
+                continue
+            # wait for the page of the flush that frees enough
+            need = self.used + self.inflight + entries - self.capacity
+            goal = self._freed_before(self._next_free) + need
+            page = min(int(np.searchsorted(self._free_cum, goal, side="left")), self._free_ns.size - 1)
+            time_ns = max(time_ns, int(self._free_ns[page]))
+            self.retire(time_ns)
         if time_ns > start:
             self.counters.full_stalls += 1
             self.counters.full_stall_ns += time_ns - start
@@ -145,6 +170,22 @@ class WriteLog:
         self.counters.appends += n
         self.counters.invalidations += n - new_lines
 
+    def _start_flush(self, free_ns: np.ndarray, entries: np.ndarray) -> None:
+        """Space in flight: ``entries[i]`` entries free at ``free_ns[i]`` (ascending), with
+        what a flush still in progress has not given back."""
+        added = int(entries.sum())
+        if self.inflight:
+            kept = slice(self._next_free, None)
+            free_ns = np.concatenate([self._free_ns[kept], free_ns])
+            entries = np.concatenate([np.diff(self._free_cum, prepend=0)[kept], entries])
+            order = np.argsort(free_ns, kind="stable")
+            free_ns, entries = free_ns[order], entries[order]
+        self._free_ns = free_ns
+        self._free_cum = np.cumsum(entries)
+        self._next_free = 0
+        self.inflight += added
+        self.inflight_done_ns = max(self.inflight_done_ns, int(free_ns[-1]))
+
     def compact(self, time_ns: int, at_least: int = 0) -> None:
         """Merge the oldest pages' lines into flash, starting at ``time_ns``, until the
         log is down to its low-water mark (and at least ``at_least`` entries are freed)."""
@@ -157,21 +198,30 @@ class WriteLog:
             freed = np.cumsum(self.page_entries[pages])
             pages = pages[: int(np.searchsorted(freed, goal)) + 1]
         masks = self.mask[pages]
-        entries = int(self.page_entries[pages].sum())
+        page_entries = self.page_entries[pages].copy()
+        entries = int(page_entries.sum())
         self.mask[pages] = 0
         self.page_entries[pages] = 0
         full = masks == np.uint64(ALL_LINES)
         slots = self.cache.slot_of_page[pages]
         cached = slots >= 0
         needs_old = ~(full | cached)
+        # As SkyByte's flush (artifact ftl.cc flush_log_region): page by page, a merge
+        # read waited for, the program issued and not waited for, the log's head moved on:
+        # a page's entries are free once the flush has gone past it, whatever its program
+        # still takes. (The flush-throttle knob spaces the pages by its interval.)
         done = time_ns
         flash = self.flash
-        for page, merge in zip(pages.tolist(), needs_old.tolist(), strict=True):
+        interval = self.program_interval_ns
+        free_ns = np.empty(pages.size, dtype=np.int64)
+        for i, (page, merge) in enumerate(zip(pages.tolist(), needs_old.tolist(), strict=True)):
             if merge:
-                flash.read(page, time_ns, cause="merge")
-            done = max(done, flash.program(page, time_ns))
-        if self.program_interval_ns:
-            done = max(done, time_ns + int(pages.size) * self.program_interval_ns)
+                done = flash.read(page, done, cause="merge")
+            flash.program(page, done)
+            if interval:
+                done = max(done, time_ns + (i + 1) * interval)
+            free_ns[i] = done
+        self._start_flush(free_ns, page_entries)
         # cached copies now hold the merged data, which is on flash: they are clean
         self.cache.dirty[slots[cached]] = False
         c = self.counters
@@ -183,5 +233,3 @@ class WriteLog:
         c.full_pages += int(np.count_nonzero(full))
         c.cached_pages += int(np.count_nonzero(cached & ~full))
         self.used -= entries
-        self.inflight += entries
-        self.inflight_done_ns = max(self.inflight_done_ns, done)

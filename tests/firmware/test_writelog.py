@@ -70,6 +70,25 @@ def test_full_log_stalls_until_the_compaction_is_done() -> None:
     assert log.used + log.inflight <= log.capacity
 
 
+def test_the_flush_waits_for_its_merge_reads_one_after_another_and_never_for_a_program() -> None:
+    """As SkyByte's flush_log_region: space comes back once the flush has read what it
+    merges (reads in sequence); the programs keep the dies busy but hold no log space."""
+    full = make_log(capacity=256, threshold=1.0)
+    for page in (5, 6, 7):
+        full.append(page, ALL_LINES, 0)  # fully logged: no merge read
+    full.compact(100)
+    assert full.inflight_done_ns == 100  # free at once, though 3 programs of 80 us are issued
+    assert full.flash.counters.programs_host == 3
+    merged = make_log(capacity=256, threshold=1.0)
+    for page in (4, 6):  # neither full nor cached: both read from flash first
+        merged.append(page, 1, 0)
+    merged.compact(100)
+    assert merged.counters.merge_reads == 2
+    # two 3 us reads, the second issued when the first is out (issued together they
+    # would be out at 3 100 ns)
+    assert merged.inflight_done_ns >= 100 + 2 * 3000
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 63), st.integers(0, 5000)),
                 max_size=400),
