@@ -58,7 +58,7 @@ def test_compaction_reads_the_old_page_only_when_neither_full_nor_cached() -> No
     assert log.counters.full_pages == 1 and log.counters.cached_pages == 1
 
 
-def test_full_log_stalls_until_the_compaction_is_done() -> None:
+def test_full_log_stalls_until_the_flush_has_freed_enough() -> None:
     log = make_log(capacity=4, threshold=0.5)
     for page in range(2):
         log.append(page, 1, 0)  # a compaction of 2 entries starts at t=0
