@@ -573,12 +573,9 @@ class Controller:
             page_entries = wlog.page_entries.data
             page_first = wlog.page_first.data
             used, inflight, appended = wlog.used, wlog.inflight, wlog.appended
-            inflight_done = wlog.inflight_done_ns
+            next_free = wlog.next_free_ns
             flush_level, log_capacity = wlog.flush_level, wlog.capacity
         log_appends = log_invalidations = 0
-        # WriteLog.append gives back the flush's freed space at each append's time; the
-        # inline appends note the latest (retire is monotonic) for the log before it is used
-        log_seen_ns = 0
         # migration
         mig = self.migration
         per_access = False
@@ -624,10 +621,11 @@ class Controller:
                         latency, source, append = lat_append, 1, True  # Source.LOG
                         bit = 1 << line
                         old = log_mask[page]
-                        if inflight and start >= inflight_done:  # WriteLog.retire
-                            inflight = 0
-                        if used + 1 >= flush_level or used + inflight + 1 > log_capacity:
-                            slow = True  # a compaction or a stall: WriteLog.append
+                        if start >= next_free:  # the flush has freed a page: WriteLog.retire
+                            wlog.retire(start)
+                            inflight, next_free = wlog.inflight, wlog.next_free_ns
+                        if used + inflight + 1 > log_capacity or (used + 1 >= flush_level and not inflight):
+                            slow = True  # a stall or a compaction: WriteLog.append
                     elif wlog is not None and log_mask[page] >> line & 1:
                         latency, source = lat_hit, 1  # Source.LOG
                     else:
@@ -670,8 +668,6 @@ class Controller:
                             appended += 1
                             used += 1
                             log_appends += 1
-                            if start > log_seen_ns:
-                                log_seen_ns = start
                             if old & bit:
                                 log_invalidations += 1
                         if counting:
@@ -696,7 +692,6 @@ class Controller:
                     mig.threshold = threshold
                 if wlog is not None:
                     wlog.used, wlog.inflight, wlog.appended = used, inflight, appended
-                    wlog.retire(log_seen_ns)
                 start, latency, source, long_delay, promote, demote = step(
                     time_ns, addr, vcpu, op, int(chunk["flags"][i])
                 )
@@ -713,7 +708,7 @@ class Controller:
                     threshold = mig.threshold
                 if wlog is not None:
                     used, inflight, appended = wlog.used, wlog.inflight, wlog.appended
-                    inflight_done = wlog.inflight_done_ns
+                    next_free = wlog.next_free_ns
                 continue
             seq += 1
             if posted:
@@ -740,7 +735,6 @@ class Controller:
             mig.threshold = threshold
         if wlog is not None:
             wlog.used, wlog.inflight, wlog.appended = used, inflight, appended
-            wlog.retire(log_seen_ns)
             wlog.counters.appends += log_appends
             wlog.counters.invalidations += log_invalidations
         o = out[lo:hi]

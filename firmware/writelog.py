@@ -32,6 +32,7 @@ from cxlssd.firmware.flash import FlashBackend
 from cxlssd.firmware.request import LINES_PER_PAGE
 
 ALL_LINES = (1 << LINES_PER_PAGE) - 1
+NEVER = 1 << 62  # no page of a flush left to free
 
 
 @dataclass
@@ -80,6 +81,7 @@ class WriteLog:
         self._free_ns = np.zeros(0, dtype=np.int64)
         self._free_cum = np.zeros(0, dtype=np.int64)
         self._next_free = 0
+        self.next_free_ns = NEVER  # when that page frees: retire has nothing to do before
         self.appended = 0  # appends so far (orders pages by their oldest entry)
         self.program_interval_ns = 0
         self.counters = LogCounters()
@@ -99,14 +101,14 @@ class WriteLog:
     def retire(self, time_ns: int) -> None:
         """Give back the space of the pages the flush in progress has gone through by
         ``time_ns``."""
-        if not self.inflight:
+        if time_ns < self.next_free_ns:  # the common case, kept cheap: called per append
             return
         reached = int(np.searchsorted(self._free_ns, time_ns, side="right"))
-        if reached > self._next_free:
-            self.inflight -= self._freed_before(reached) - self._freed_before(self._next_free)
-            self._next_free = reached
+        self.inflight -= self._freed_before(reached) - self._freed_before(self._next_free)
+        self._next_free = reached
         if time_ns >= self.inflight_done_ns:
             self.inflight = 0
+        self.next_free_ns = int(self._free_ns[reached]) if self.inflight else NEVER
 
     def _make_room(self, entries: int, time_ns: int) -> int:
         """Time at which ``entries`` more entries fit (stalling for the flush if needed)."""
@@ -185,6 +187,7 @@ class WriteLog:
         self._next_free = 0
         self.inflight += added
         self.inflight_done_ns = max(self.inflight_done_ns, int(free_ns[-1]))
+        self.next_free_ns = int(free_ns[0])
 
     def compact(self, time_ns: int, at_least: int = 0) -> None:
         """Merge the oldest pages' lines into flash, starting at ``time_ns``, until the
