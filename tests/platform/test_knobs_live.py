@@ -198,7 +198,8 @@ def test_a_failed_channel_is_rebuilt_on_read(default_platform: Platform) -> None
 def test_flush_throttling_stalls_the_log_appends_of_the_roi(default_platform: Platform) -> None:
     """A 4 MiB write log (flushed every ~29k lines) under chase --write: unthrottled,
     a flush is done before the log refills and appends take the append latency;
-    at one flush program per 10 us, appends wait for the log to drain."""
+    at one flush program per 10 us, appends wait for the log to drain page by page
+    (one throttled flush can last the whole ROI: a new one starts only after it)."""
     with default_platform.attach("skybyte-w", ["write_log.size_bytes=4MiB", FOUR_DIES]) as session:
         write = ("--bytes", "8M", "--stride", "64", "--warm", "1", "--write")
         chase(session, *write)
@@ -214,7 +215,7 @@ def test_flush_throttling_stalls_the_log_appends_of_the_roi(default_platform: Pl
         return mean_ns, log["full_stalls"], log["compactions"]
 
     print(f"flush throttle: appends (mean ns, stalls, flushes) {appends(free)} -> {appends(throttled)}")
-    assert appends(free)[2] >= 2 and appends(throttled)[2] >= 2  # the ROIs compacted the log
+    assert appends(free)[2] >= 2 and appends(throttled)[2] >= 1  # the ROIs compacted the log
     assert appends(free)[:2] == (pytest.approx(append_ns, rel=0.01), 0)
     assert appends(throttled)[1] > 0 and appends(throttled)[0] > 2 * append_ns
     assert throttled["device"]["write_log"]["full_stall_ns"] > 0
