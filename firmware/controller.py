@@ -570,7 +570,6 @@ class Controller:
         wlog = self.log
         if wlog is not None:
             log_mask = wlog.mask.data
-            flush_mask, flush_until = wlog.flush_mask.data, wlog.flush_until_ns.data
             page_entries = wlog.page_entries.data
             page_first = wlog.page_first.data
             used, inflight, appended = wlog.used, wlog.inflight, wlog.appended
@@ -627,10 +626,7 @@ class Controller:
                             inflight, next_free = wlog.inflight, wlog.next_free_ns
                         if used + inflight + 1 > log_capacity or (used + 1 >= flush_level and not inflight):
                             slow = True  # a stall or a compaction: WriteLog.append
-                    elif wlog is not None and (
-                        log_mask[page] >> line & 1
-                        or (flush_mask[page] >> line & 1 and start < flush_until[page])
-                    ):  # WriteLog.contains
+                    elif wlog is not None and log_mask[page] >> line & 1:
                         latency, source = lat_hit, 1  # Source.LOG
                     else:
                         slot = slot_of_page[page]
@@ -825,7 +821,7 @@ class Controller:
             if wlog is not None and write:
                 ready = wlog.append(page, 1 << line, start)
                 latency, source = ready - start + self._lat_append, Source.LOG
-            elif wlog is not None and wlog.contains(page, line, start):
+            elif wlog is not None and int(wlog.mask[page]) >> line & 1:
                 latency, source = self._lat_hit, Source.LOG
             else:
                 assert self.cache is not None
@@ -1018,11 +1014,6 @@ class Controller:
                 appends = device & write
                 log_read = device & ~write & logged
                 cache_hit = device & ~write & ~logged & cached
-                # a line the flush in progress may not have passed yet: not simple
-                flushing = ((self.log.flush_mask[page] >> line) & np.uint64(1)).astype(bool)
-                flushing &= device & ~write & ~logged
-                if flushing.any():
-                    cache_hit &= ~(flushing & (self.log.flush_until_ns[page] > self._earliest_start(r)))
                 source[appends | log_read] = Source.LOG
             else:
                 cache_hit = device & cached
@@ -1048,19 +1039,15 @@ class Controller:
                             None if appends is None else line[:k])
         return k
 
-    def _earliest_start(self, r: np.ndarray) -> np.ndarray:
-        """The earliest time each request can start (stalls only grow)."""
+    def _may_wait_for_fill(self, r: np.ndarray, page: np.ndarray) -> np.ndarray:
+        """Requests that might meet their page's fill in flight: their earliest
+        possible start (stalls only grow) is before the fill is done."""
         floor = r["time_ns"].astype(np.int64)
         if self.compute_timebase:
             vcpu = r["vcpu"]
             for v in np.unique(vcpu).tolist():
                 floor[vcpu == v] += self._vcpu_stall_ns[v]
-        return floor
-
-    def _may_wait_for_fill(self, r: np.ndarray, page: np.ndarray) -> np.ndarray:
-        """Requests that might meet their page's fill in flight: their earliest
-        possible start is before the fill is done."""
-        return self.fill_done_ns[page] > self._earliest_start(r)
+        return self.fill_done_ns[page] > floor
 
     @staticmethod
     def _reads_of_new_lines(

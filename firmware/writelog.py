@@ -14,8 +14,7 @@ the data cache) and programs it once. As in SkyByte's artifact (ftl.cc
 after another) and issues each program without waiting for it: a page's entries are
 free again once the flush has gone past it, and an append that finds the log full
 stalls until the flush has freed enough. The programs occupy the dies (reads queue
-behind them) but hold no log space. Until the flush has gone past its page, a line
-being flushed is still read from the log, as the artifact's index keeps it until then.
+behind them) but hold no log space.
 
 ``program_interval_ns`` (0: off; the ``flush-throttle`` knob) throttles compaction to
 at most one page program per interval: the i-th page of a compaction then gives its
@@ -74,9 +73,6 @@ class WriteLog:
         self.mask = np.zeros(device_pages, dtype=np.uint64)  # valid lines per page
         self.page_entries = np.zeros(device_pages, dtype=np.int64)  # entries in use per page
         self.page_first = np.zeros(device_pages, dtype=np.int64)  # append number of its oldest
-        # the lines of the flush in progress, readable from the log until it frees their page
-        self.flush_mask = np.zeros(device_pages, dtype=np.uint64)
-        self.flush_until_ns = np.zeros(device_pages, dtype=np.int64)
         self.used = 0  # entries in use (valid + invalidated), outside a compaction
         self.inflight = 0  # entries of the compaction in progress (space not yet reusable)
         self.inflight_done_ns = 0  # when the last of them is free again
@@ -90,11 +86,8 @@ class WriteLog:
         self.program_interval_ns = 0
         self.counters = LogCounters()
 
-    def contains(self, page: int, line: int, time_ns: int) -> bool:
-        """Whether a read of ``line`` of ``page`` at ``time_ns`` finds it in the log."""
-        if int(self.mask[page]) >> line & 1:
-            return True
-        return bool(int(self.flush_mask[page]) >> line & 1) and time_ns < int(self.flush_until_ns[page])
+    def contains(self, page: int, line: int) -> bool:
+        return bool(int(self.mask[page]) >> line & 1)
 
     @property
     def valid(self) -> int:
@@ -203,9 +196,8 @@ class WriteLog:
         if pages.size == 0:
             return
         goal = max(self.used - self.low_level, at_least)
-        # in log order (a page at its oldest entry), as the flush goes from the log's head
-        pages = pages[np.argsort(self.page_first[pages], kind="stable")]
-        if goal < self.used:  # until enough entries are freed
+        if goal < self.used:  # oldest first, until enough entries are freed
+            pages = pages[np.argsort(self.page_first[pages], kind="stable")]
             freed = np.cumsum(self.page_entries[pages])
             pages = pages[: int(np.searchsorted(freed, goal)) + 1]
         masks = self.mask[pages]
@@ -233,8 +225,6 @@ class WriteLog:
                 done = max(done, time_ns + (i + 1) * interval)
             free_ns[i] = done
         self._start_flush(free_ns, page_entries)
-        self.flush_mask[pages] = masks
-        self.flush_until_ns[pages] = free_ns
         # cached copies now hold the merged data, which is on flash: they are clean
         self.cache.dirty[slots[cached]] = False
         c = self.counters

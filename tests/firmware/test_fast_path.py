@@ -121,23 +121,3 @@ def test_read_of_a_line_logged_in_the_same_numpy_run_is_a_log_hit(small_controll
     _, _, got, want = _both(small_controller, "skybyte-w", requests, pieces=1)
     assert np.array_equal(got, want)
     assert got["source"][4 + 2000 + 3] == Source.LOG
-
-
-def test_read_of_a_cached_line_the_flush_has_not_reached_is_a_log_hit(small_controller) -> None:
-    """A flush goes page by page (merge reads in sequence); until it reaches a page, that
-    page's logged lines are read from the log, even when the page is also cached."""
-    cached = make_requests(np.arange(4) * 4096, time_ns=np.arange(4) * 10_000)
-    level = small_controller("skybyte-w").log.flush_level
-    # one line of each of many uncached pages (merge reads), then line 5 of cached page 1,
-    # the append that starts the compaction: page 1 is flushed last
-    fill = make_requests(np.arange(100, 100 + level - 1) * 4096, Op.WRITE,
-                         np.arange(level - 1) * 100 + 10**5)
-    trigger = make_requests([4096 + 5 * 64], Op.WRITE, 10**6)
-    reads = make_requests(np.array([4096 + 5 * 64, 0, 8192] * 2000),
-                          time_ns=np.arange(6000) * 3000 + 10**6 + 1000)
-    requests = np.concatenate([cached, fill, trigger, reads])
-    fast, _, got, want = _both(small_controller, "skybyte-w", requests, pieces=1)
-    assert np.array_equal(got, want)
-    assert fast.log.counters.compactions == 1
-    line5 = got["source"][-6000::3]
-    assert line5[0] == Source.LOG and line5[-1] == Source.CACHE  # until the flush passed it
