@@ -127,7 +127,7 @@ def test_a_run_on_the_cxl_node_gets_the_same_pages_and_time_every_time(default_p
 # chase differed by 0.075 %; on the movable DRAM node, reset: 12 495 242 / 12 495 243 ns.
 DRAM_CONFLICTS = ("--bytes", "16M", "--stride", "64", "--warm", "1")
 # a timer tick more or less is ~1e-4 of this ROI; on a host loaded by a demo and another
-# CI one run took 8 661 ns more (7e-4: an interrupt that host timing placed in the ROI)
+# CI one run took 8 661 ns more (7e-4; not identified: likely an interrupt host timing placed)
 DRAM_SPREAD = 1e-3
 
 
