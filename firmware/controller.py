@@ -626,7 +626,9 @@ class Controller:
                             inflight, next_free = wlog.inflight, wlog.next_free_ns
                         if used + inflight + 1 > log_capacity or (used + 1 >= flush_level and not inflight):
                             slow = True  # a stall or a compaction: WriteLog.append
-                    elif wlog is not None and log_mask[page] >> line & 1:
+                    elif wlog is not None and log_mask[page] >> line & 1 and not (
+                        slot_of_page[page] >= 0 and fill_done[page] <= start
+                    ):  # as _step: a filled cached page serves the read first
                         latency, source = lat_hit, 1  # Source.LOG
                     else:
                         slot = slot_of_page[page]
@@ -821,7 +823,10 @@ class Controller:
             if wlog is not None and write:
                 ready = wlog.append(page, 1 << line, start)
                 latency, source = ready - start + self._lat_append, Source.LOG
-            elif wlog is not None and int(wlog.mask[page]) >> line & 1:
+            elif wlog is not None and int(wlog.mask[page]) >> line & 1 and not self._filled(page, start):
+                # SkyByte's artifact (ftl.cc byte_issue) looks the data cache up before the
+                # log's index: a read of a logged line whose page is cached and filled is a
+                # cache hit (same 158 ns), counted for promotion and in the LRU order
                 latency, source = self._lat_hit, Source.LOG
             else:
                 assert self.cache is not None
@@ -857,6 +862,11 @@ class Controller:
             if self._window_left == 0:
                 self._end_window()
         return start, latency, source, long_delay, promote, demote
+
+    def _filled(self, page: int, time_ns: int) -> bool:
+        """Whether ``page`` is in the data cache with its fill done at ``time_ns``."""
+        assert self.cache is not None
+        return bool(self.cache.slot_of_page[page] >= 0 and self.fill_done_ns[page] <= time_ns)
 
     def _miss(self, page: int, start: int, seq: int, dirty: bool) -> int:
         """Read ``page`` from flash into the cache; returns the request's latency."""
@@ -1012,8 +1022,11 @@ class Controller:
                 line = (addr >> np.uint64(6)) & np.uint64(_LINE_MASK)
                 logged = ((self.log.mask[page] >> line) & np.uint64(1)).astype(bool)
                 appends = device & write
-                log_read = device & ~write & logged
-                cache_hit = device & ~write & ~logged & cached
+                # a read of a cached page is a cache hit, logged line or not (as _step);
+                # one whose page is not cached and whose line was appended earlier in
+                # the run is taken for a miss, which ends the run before it
+                log_read = device & ~write & logged & ~cached
+                cache_hit = device & ~write & cached
                 source[appends | log_read] = Source.LOG
             else:
                 cache_hit = device & cached
@@ -1023,10 +1036,6 @@ class Controller:
             source[cache_hit] = Source.CACHE
             source[rw & promoted] = Source.PROMOTED
             simple = source != Source.NONE
-            if appends is not None:
-                # a read of a line appended earlier in the run is a log hit, not a
-                # cache hit: the run's classification holds only up to there
-                simple &= ~self._reads_of_new_lines(page, line, appends, cache_hit)
             counted = simple & (source == Source.CACHE)
         k = int(np.argmin(simple)) if not simple.all() else hi - lo
         if appends is not None and k:
@@ -1048,22 +1057,6 @@ class Controller:
             for v in np.unique(vcpu).tolist():
                 floor[vcpu == v] += self._vcpu_stall_ns[v]
         return self.fill_done_ns[page] > floor
-
-    @staticmethod
-    def _reads_of_new_lines(
-        page: np.ndarray, line: np.ndarray, appends: np.ndarray, reads: np.ndarray
-    ) -> np.ndarray:
-        """Which of ``reads`` read a line that one of ``appends`` logged before them."""
-        bad = np.zeros(page.size, dtype=bool)
-        if not appends.any() or not reads.any():
-            return bad
-        ids = page * 64 + line.astype(np.int64)
-        append_at = np.flatnonzero(appends)
-        appended, first = np.unique(ids[append_at], return_index=True)
-        read_at = np.flatnonzero(reads)
-        where = np.minimum(np.searchsorted(appended, ids[read_at]), appended.size - 1)
-        bad[read_at] = (appended[where] == ids[read_at]) & (append_at[first[where]] < read_at)
-        return bad
 
     def _appends_allowed(self, appends: np.ndarray, k: int) -> int:
         """Cut ``k`` before the log append that would start a compaction or stall."""

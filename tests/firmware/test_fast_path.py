@@ -109,15 +109,19 @@ def test_other_replacement_policies_fast_equals_reference(small_controller, poli
     assert fast.counter_dict() == slow.counter_dict()
 
 
-def test_read_of_a_line_logged_in_the_same_numpy_run_is_a_log_hit(small_controller) -> None:
-    # after warm-up, only simple requests (cache hits and appends), served by numpy
-    # runs; each read of line 5 of page 1 after its append must be a log hit
+def test_read_of_a_line_logged_in_the_same_numpy_run_by_cache_and_log(small_controller) -> None:
+    # after warm-up, mostly simple requests (cache hits and appends), served by numpy
+    # runs; a read of a line appended earlier in the run is a cache hit when its page is
+    # cached (SkyByte's cache-first lookup) and a log hit when it is not (page 100)
     warm = make_requests(np.arange(4) * 4096, time_ns=np.arange(4) * 10_000)
     hits = make_requests(np.arange(2000) % 4 * 4096, time_ns=np.arange(2000) * 1000 + 10**5)
-    addr = np.array([0, 4096 + 5 * 64, 8192, 4096 + 5 * 64] * 100)
-    op = np.array([Op.READ, Op.WRITE, Op.READ, Op.READ] * 100, dtype=np.uint8)
-    pattern = make_requests(addr, op, np.arange(400) * 1000 + 10**7)
+    cached_line, uncached_line = 4096 + 5 * 64, 100 * 4096 + 3 * 64
+    addr = np.array([0, cached_line, 8192, cached_line, uncached_line, uncached_line] * 100)
+    op = np.array([Op.READ, Op.WRITE, Op.READ, Op.READ, Op.WRITE, Op.READ] * 100, dtype=np.uint8)
+    pattern = make_requests(addr, op, np.arange(600) * 1000 + 10**7)
     requests = np.concatenate([warm, hits, pattern])
     _, _, got, want = _both(small_controller, "skybyte-w", requests, pieces=1)
     assert np.array_equal(got, want)
-    assert got["source"][4 + 2000 + 3] == Source.LOG
+    first = 4 + 2000
+    assert got["source"][first + 3] == Source.CACHE
+    assert (got["source"][first + 5::6] == Source.LOG).all()

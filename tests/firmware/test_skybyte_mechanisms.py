@@ -48,6 +48,21 @@ def test_only_data_cache_hits_count_towards_promotion(small_controller) -> None:
     assert c.submit(220_000, 0xA080)["promote_page"] == 0xA
 
 
+def test_a_read_of_a_logged_line_on_a_filled_cached_page_is_a_counted_cache_hit(small_controller) -> None:
+    """SkyByte's artifact (ftl.cc byte_issue) looks the data cache up before the log's
+    index: a read of a logged line whose page is cached and filled is a cache hit, counted
+    for promotion; before the fill is done it is a log hit, without waiting for the fill."""
+    c = small_controller("skybyte-wp", migration__policy="fixed", migration__initial_threshold=2)
+    miss = c.submit(0, 0xC000)  # the fill: done at 3 158 ns
+    assert miss["source"] == Source.FLASH
+    c.submit(100, 0xC040, Op.WRITE, vcpu=1)  # another vCPU, while vCPU 0 waits for the fill
+    during_fill = c.submit(200, 0xC040, vcpu=1)
+    assert (during_fill["source"], during_fill["latency_ns"]) == (Source.LOG, 158)
+    assert c.submit(10_000, 0xC040)["source"] == Source.CACHE
+    second = c.submit(20_000, 0xC040)  # the second counted hit: decided
+    assert (second["source"], second["promote_page"]) == (Source.CACHE, 0xC)
+
+
 def test_a_page_count_lasts_while_the_page_is_cached_not_per_window(small_controller) -> None:
     c = small_controller("skybyte-p", migration__window_accesses=4)
     c.submit(0, 0xB000)
