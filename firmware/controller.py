@@ -638,8 +638,10 @@ class Controller:
                                 latency += fill_done[page] - start
                         else:
                             source = 3  # Source.FLASH
-                    # SkyByte counts data-cache hits only (not log hits or appends)
-                    counting = source == 2 and mig is not None and not pending[page]
+                    # SkyByte counts data-cache hits only (not log hits, appends or fills in flight)
+                    counting = (
+                        source == 2 and mig is not None and not pending[page] and fill_done[page] <= start
+                    )
                     if counting:
                         count = hit_count[page] + 1 if hit_epoch[page] == epoch else 1
                         if count >= threshold:
@@ -835,9 +837,10 @@ class Controller:
                     self.cache.policy.hit(slot, seq)
                     if write:
                         self.cache.dirty[slot] = True
-                    # an access to a page whose fill is in flight waits for the rest of it
+                    # an access to a page whose fill is in flight waits for the rest of it;
+                    # it does not count towards promotion (the artifact's MSHR hit)
                     waiting = max(0, int(self.fill_done_ns[page]) - start)
-                    latency, source, hit = self._lat_hit + waiting, Source.CACHE, True
+                    latency, source, hit = self._lat_hit + waiting, Source.CACHE, waiting == 0
                     c.cache_hits += 1
                 else:
                     latency, source = self._miss(page, start, seq, write), Source.FLASH

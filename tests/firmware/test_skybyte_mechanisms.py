@@ -63,6 +63,16 @@ def test_a_read_of_a_logged_line_on_a_filled_cached_page_is_a_counted_cache_hit(
     assert (second["source"], second["promote_page"]) == (Source.CACHE, 0xC)
 
 
+def test_a_hit_on_a_page_whose_fill_is_in_flight_waits_and_is_not_counted(small_controller) -> None:
+    """The artifact's MSHR hit: it waits for the fill and does not count towards promotion."""
+    c = small_controller("skybyte-p", migration__policy="fixed", migration__initial_threshold=2)
+    c.submit(0, 0xD000)  # the fill: vCPU 0 waits for it
+    in_flight = c.submit(100, 0xD040, vcpu=1)
+    assert in_flight["source"] == Source.CACHE and in_flight["latency_ns"] > 158
+    assert c.submit(10_000, 0xD040, vcpu=1)["promote_page"] < 0  # the first counted hit
+    assert c.submit(20_000, 0xD040, vcpu=1)["promote_page"] == 0xD
+
+
 def test_a_page_count_lasts_while_the_page_is_cached_not_per_window(small_controller) -> None:
     c = small_controller("skybyte-p", migration__window_accesses=4)
     c.submit(0, 0xB000)
