@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     demo = subparsers.add_parser(
         "demo", help="the main job: the built-in experiment (a few workloads x base-cssd / "
-        "skybyte-full / dram-only; about 8.5 minutes here), "
+        "skybyte-full / dram-only; 11.5-28 minutes here, as fast as the host is), "
         "table and figures at the end",
     )
     demo.add_argument("--out", type=Path, help="results directory (default: results/demo)")

@@ -123,7 +123,7 @@ class FlashBackend:
                     self.storm_top_up(die, time_ns)
         if cause == "merge":
             counters.reads_merge += 1
-            return timeline.merge_read(die, time_ns)
+            return timeline.read(die, time_ns)
         done = timeline.read(die, time_ns)
         counters.reads_host += 1
         counters.host_read_queue_ns += done - time_ns - timeline.die_read_ns[die] - timeline.transfer_ns
@@ -208,12 +208,11 @@ class FlashBackend:
             die = ftl.stand_in(lpn)
             if cause == "merge":
                 counters.reads_merge += 1
-                return timeline.merge_read(die, time_ns)
-            counters.reads_host += 1
+            else:
+                counters.reads_host += 1
             return timeline.read(die, time_ns)
         mates = [d for d in self.stripe_of(die) if d != die]
-        read = timeline.merge_read if cause == "merge" else timeline.read
-        done = max(read(mate, time_ns) for mate in mates) + len(mates) * REBUILD_NS_PER_PAGE
+        done = max(timeline.read(mate, time_ns) for mate in mates) + len(mates) * REBUILD_NS_PER_PAGE
         counters.rebuilds += 1
         counters.reads_rebuild += len(mates)
         if cause != "merge":  # a merge read's page is programmed by its flush anyway

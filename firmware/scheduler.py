@@ -7,14 +7,18 @@ only add capacity). Dies are striped over channels: die ``d`` is on channel
 
 Two classes of work share a die, with **read priority** as in real controllers:
 
-* *foreground* host reads (cache misses) queue FIFO among themselves on the die, then
-  on the channel for the transfer out;
-* *background* work (log-flush merge reads and programs, dirty write-backs, GC copies
-  and erases) is a per-die backlog that drains whenever the die has no foreground
-  work. A host read arriving while background work runs waits for the operation in
-  progress (the backlog is taken as whole page programs; no program/erase
-  suspension), then
-  goes first; the rest of the backlog resumes after it.
+* *foreground* reads (host cache misses and the write log's merge reads) queue FIFO
+  among themselves on the die, then on the channel for the transfer out;
+* *background* work (log-flush programs, dirty write-backs, GC copies and erases) is
+  a per-die backlog that drains whenever the die has no foreground work. A read
+  arriving while background work runs waits for the operation in progress (the
+  backlog is taken as whole page programs; no program/erase suspension), then goes
+  first; the rest of the backlog resumes after it.
+
+A merge read is a foreground read as in SkyByte's artifact (ftl.cc
+``ssd_advance_status``: a flush's NAND_READ takes the die's normal timeline plus the
+rest of the flush program in progress; the flush's programs have their own timeline,
+pushed back by each read), not work queued behind the programs the flush issued.
 
 Channel transfers (``transfer_ns`` per page, 0 by default) are booked in issue order
 per channel (a busy-until time, not a gap-filling reservation), which slightly
@@ -106,7 +110,8 @@ class FlashTimeline:
         return self.bg_backlog_ns[die]
 
     def read(self, die: int, time_ns: int) -> int:
-        """A host page read issued at ``time_ns``; returns when its data is out."""
+        """A page read (a host miss or a merge read) issued at ``time_ns``; returns when
+        its data is out."""
         # _drain(die, time_ns), written out: this is on every cache miss
         fg_busy = self.fg_busy_ns[die]
         bg_clock = self.bg_clock_ns[die]
@@ -145,10 +150,6 @@ class FlashTimeline:
     def program(self, die: int, time_ns: int) -> int:
         """A page program (transfer in + array program), background."""
         return self.background(die, time_ns, self.transfer_ns + self.die_program_ns[die])
-
-    def merge_read(self, die: int, time_ns: int) -> int:
-        """A page read on behalf of a log flush, background."""
-        return self.background(die, time_ns, self.die_read_ns[die] + self.transfer_ns)
 
     def copy(self, die: int, time_ns: int, pages: int) -> int:
         """``pages`` on-die copies (GC relocation: read + program, no channel use)."""

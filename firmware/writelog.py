@@ -13,8 +13,10 @@ the data cache) and programs it once. As in SkyByte's artifact (ftl.cc
 ``flush_log_region``), the flush goes page by page, waits for each merge read (one
 after another) and issues each program without waiting for it: a page's entries are
 free again once the flush has gone past it, and an append that finds the log full
-stalls until the flush has freed enough. The programs occupy the dies (reads queue
-behind them) but hold no log space.
+stalls until the flush has freed enough. The programs occupy the dies but hold no log
+space; a read, the flush's own merge reads included, waits for the program in progress
+on its die, not for the ones queued behind it (as the artifact's
+``ssd_advance_status``: scheduler.py).
 
 ``program_interval_ns`` (0: off; the ``flush-throttle`` knob) throttles compaction to
 at most one page program per interval: the i-th page of a compaction then gives its

@@ -89,6 +89,21 @@ def test_the_flush_waits_for_its_merge_reads_one_after_another_and_never_for_a_p
     assert merged.inflight_done_ns >= 100 + 2 * 3000
 
 
+def test_a_merge_read_waits_for_the_program_in_progress_not_for_the_queued_ones() -> None:
+    """SkyByte's artifact (ftl.cc ssd_advance_status): a flush's page read takes the die's
+    read timeline and the rest of the one program in progress; the programs queued
+    behind it wait. Queued behind them (as background work) it would be out at 403 us."""
+    log = make_log(capacity=256, threshold=1.0)
+    for _ in range(5):
+        log.flash.timeline.program(0, 0)  # 400 us of programs on die 0 from t=0
+    log.append(4, 1, 0)  # page 4 lives on die 0; one line: the old page is read first
+    log.compact(1000)
+    assert log.counters.merge_reads == 1
+    assert log.inflight_done_ns == 80000 + 3000
+    # the programs resume after the read (and the flush's own program joins them)
+    assert log.flash.timeline.background(0, 83000, 0) == 83000 + 4 * 80000 + 80000
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 63), st.integers(0, 5000)),
                 max_size=400),
