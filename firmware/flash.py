@@ -121,10 +121,10 @@ class FlashBackend:
                 stop_ns = self.storm.stop_ns.get(die)
                 if stop_ns is not None and time_ns < stop_ns:
                     self.storm_top_up(die, time_ns)
+        done = timeline.read(die, time_ns)
         if cause == "merge":
             counters.reads_merge += 1
-            return timeline.read(die, time_ns)
-        done = timeline.read(die, time_ns)
+            return done
         counters.reads_host += 1
         counters.host_read_queue_ns += done - time_ns - timeline.die_read_ns[die] - timeline.transfer_ns
         return done
