@@ -52,7 +52,7 @@ from cxlssd.firmware.context_switch import (
     ThresholdSwitch,
 )
 from cxlssd.firmware.flash import FlashBackend
-from cxlssd.firmware.ftl import GC_VICTIM_POLICIES, PageFtl
+from cxlssd.firmware.ftl import GC_VICTIM_POLICIES, PLACEMENTS, PageFtl
 from cxlssd.firmware.migration import (
     MIGRATION_POLICIES,
     MigrationConfig,
@@ -249,6 +249,7 @@ class Controller:
             device_pages, timeline.n_dies, p["flash.pages_per_block"],
             p["flash.overprovisioning"], p["gc.free_threshold"],
             GC_VICTIM_POLICIES.get(p["gc.victim"])(), p["flash.precondition"],
+            PLACEMENTS.get(p["flash.placement"])(),
         )
         flash = FlashBackend(ftl, timeline)
         log_bytes = p.capacity_bytes("write_log.size_bytes") if p["write_log.enabled"] else 0
@@ -570,6 +571,7 @@ class Controller:
         wlog = self.log
         if wlog is not None:
             log_mask = wlog.mask.data
+            flush_mask, flush_until = wlog.flush_mask.data, wlog.flush_until_ns.data
             page_entries = wlog.page_entries.data
             page_first = wlog.page_first.data
             used, inflight, appended = wlog.used, wlog.inflight, wlog.appended
@@ -626,7 +628,10 @@ class Controller:
                             inflight, next_free = wlog.inflight, wlog.next_free_ns
                         if used + inflight + 1 > log_capacity or (used + 1 >= flush_level and not inflight):
                             slow = True  # a stall or a compaction: WriteLog.append
-                    elif wlog is not None and log_mask[page] >> line & 1 and not (
+                    elif wlog is not None and (  # WriteLog.contains
+                        log_mask[page] >> line & 1
+                        or (flush_mask[page] >> line & 1 and start < flush_until[page])
+                    ) and not (
                         slot_of_page[page] >= 0 and fill_done[page] <= start
                     ):  # as _step: a filled cached page serves the read first
                         latency, source = lat_hit, 1  # Source.LOG
@@ -825,7 +830,7 @@ class Controller:
             if wlog is not None and write:
                 ready = wlog.append(page, 1 << line, start)
                 latency, source = ready - start + self._lat_append, Source.LOG
-            elif wlog is not None and int(wlog.mask[page]) >> line & 1 and not self._filled(page, start):
+            elif wlog is not None and wlog.contains(page, line, start) and not self._filled(page, start):
                 # SkyByte's artifact (ftl.cc byte_issue) looks the data cache up before the
                 # log's index: a read of a logged line whose page is cached and filled is a
                 # cache hit (same 158 ns), counted for promotion and in the LRU order
@@ -1027,7 +1032,7 @@ class Controller:
                 appends = device & write
                 # a read of a cached page is a cache hit, logged line or not (as _step);
                 # one whose page is not cached and whose line was appended earlier in
-                # the run is taken for a miss, which ends the run before it
+                # the run, or is being flushed, is taken for a miss, which ends the run
                 log_read = device & ~write & logged & ~cached
                 cache_hit = device & ~write & cached
                 source[appends | log_read] = Source.LOG

@@ -11,13 +11,13 @@ tops the die's background work up to one erase, so it finds GC in progress.
 
 Die faults (the ``die-fault`` knob, docs/inject.md): a *slow* die has its array
 times scaled (:meth:`FlashTimeline.set_die_factor`); a *failed* die takes no new
-writes (the FTL writes its pages to stand-in dies) and its pages are **rebuilt on
+writes (the FTL places them on the other dies) and its pages are **rebuilt on
 read** from the die's parity stripe, modelled as RAIN across the channels: the
 stripe of die ``d`` is the die of the same row (``d // channels``) on every
 channel, so one failed die per row (a whole channel at most) can be rebuilt. A
 rebuild reads the page's stripe mates on the other channels in parallel, XORs
 them (:data:`REBUILD_NS_PER_PAGE` each; the read is done when the slowest mate
-and the XOR are), then writes the rebuilt page to its stand-in die in the
+and the XOR are), then writes the rebuilt page to a healthy die (where placement puts it) in the
 background, so later reads of it are ordinary reads there. Keeping the
 parity up to date on writes is not modelled (its cost is taken as part of the
 over-provisioning). Without faults, reads take the same path as before.
@@ -97,22 +97,21 @@ class FlashBackend:
         self.counters = FlashCounters()
         self.slow: set[int] = set()  # dies with a factor above 1
         self.storm = StormWork()
-        # Any die slowed or failed, pages off their home die, or a GC storm: reads
-        # take the general path (without, one attribute test on every read).
+        # Any die slowed or failed, or a GC storm: reads take the general path
+        # (without, one attribute test on every read).
         self.faults = False
 
     def _update_faults(self) -> None:
-        self.faults = bool(self.slow or self.ftl.failed or self.ftl.off_home or self.storm.stop_ns)
+        self.faults = bool(self.slow or self.ftl.failed or self.storm.stop_ns)
 
     def read(self, lpn: int, time_ns: int, cause: str = "host") -> int:
         """Read page ``lpn`` issued at ``time_ns``; returns when its data is out.
 
         ``cause`` is ``"host"`` (a miss) or ``"merge"`` (a log flush)."""
         timeline = self.timeline
-        die = lpn % timeline.n_dies
+        die = self.ftl.die_of(lpn)
         counters = self.counters
         if self.faults:
-            die = self.ftl.die_of(lpn)
             if die in self.ftl.failed:
                 return self._read_failed(lpn, die, time_ns, cause)
             if cause != "merge":

@@ -1,17 +1,25 @@
-"""Page-mapped FTL with per-die garbage collection and a pluggable victim policy.
+"""Page-mapped FTL with per-die garbage collection and pluggable placement and victim policies.
 
 Mapping only, no timing (the flash backend times what the FTL decides). A logical
-page (LPN, = DPA >> 12) lives on die ``lpn % n_dies`` (static striping, so reads of
-never-written pages still have a die). Each die writes into one *active* block; when
-a new active block is taken while the die has fewer free blocks than
-``free_threshold x blocks_per_die``, one victim block is collected: its valid pages
-move to the active block and it is erased. Relocation never triggers GC itself.
+page (LPN, = DPA >> 12) is on the die it was last written to (:meth:`PageFtl.die_of`);
+a never-written page reads from die ``lpn % n_dies``, where a sequential fill (and
+``precondition``) puts it. The *placement* policy (``flash.placement``) picks the die
+of each host program: ``write-pointer`` (default) takes the dies in turn, as SkyByte's
+artifact's write pointer does (``ftl.cc`` ``get_new_page``/``ssd_advance_write_pointer``:
+channel first, then the unit on it), so consecutive programs spread over the dies
+whatever their pages; ``striped`` writes a page on die ``lpn % n_dies`` always (ours
+before issue 13). Each die writes into one *active* block; when a new active block is
+taken while the die has fewer free blocks than ``free_threshold x blocks_per_die``, one
+victim block is collected: its valid pages move to the active block and it is erased.
+Relocation never triggers GC itself. The artifact collects a *line* (the same block on
+every unit) and re-places its valid pages at the write pointer; ours collects per die
+and relocates on the die (copy-back).
 
-A *failed* die (``die-fault`` knob) takes no new writes and is never collected: a
-page whose home die failed is written to a stand-in, ``healthy[(lpn // n_dies) %
-len(healthy)]`` (spread over the healthy dies), and stays there (``off_home``) until
-it is written again while its home die works. A *forced* collection (``gc-storm``
-knob) also takes a victim whose pages are all valid (pure relocation).
+A *failed* die (``die-fault`` knob) takes no new writes and is never collected: the
+write pointer skips it; striped placement writes a page whose die failed to a stand-in,
+``healthy[(lpn // n_dies) % len(healthy)]`` (spread over the healthy dies). A
+*forced* collection (``gc-storm`` knob) also takes a victim whose pages are all valid
+(pure relocation).
 """
 
 from __future__ import annotations
@@ -59,6 +67,48 @@ class FifoVictim:
         return int(np.argmin(np.where(closed, opened, np.iinfo(opened.dtype).max)))
 
 
+class Placement(Protocol):
+    """Chooses the die of each host program."""
+
+    def die_for(self, lpn: int, ftl: PageFtl) -> int:
+        """The die that takes the next program of ``lpn``: a healthy one (not in
+        ``ftl.failed``)."""
+        ...
+
+
+PLACEMENTS: Registry[Placement] = Registry("flash placement", "flash.placement")
+
+
+@PLACEMENTS.register("write-pointer")
+class WritePointerPlacement:
+    """The dies in turn (die ``d`` is on channel ``d % channels``, so channel first),
+    as SkyByte's artifact's write pointer. It skips a failed die, and a die down to its
+    last free block (kept for GC's relocations) while another die has room: without
+    line-wide GC (see the module doc) the dies' valid pages drift apart."""
+
+    def __init__(self) -> None:
+        self.next_die = 0
+
+    def die_for(self, lpn: int, ftl: PageFtl) -> int:
+        n = ftl.n_dies
+        for _ in range(n):
+            die = self.next_die
+            self.next_die = (die + 1) % n
+            if die not in ftl.failed and ftl.has_room(die):
+                return die
+        return ftl.stand_in(lpn)  # every die at its floor: _open_block says so clearly
+
+
+@PLACEMENTS.register("striped")
+class StripedPlacement:
+    """Page ``lpn`` on die ``lpn % n_dies`` (static striping), or its stand-in while
+    that die is failed."""
+
+    def die_for(self, lpn: int, ftl: PageFtl) -> int:
+        die = lpn % ftl.n_dies
+        return ftl.stand_in(lpn) if die in ftl.failed else die
+
+
 @dataclass
 class GcResult:
     """One collected block: on ``die``, ``moved`` valid pages relocated, then erased."""
@@ -80,6 +130,7 @@ class PageFtl:
         free_threshold: float,
         victim: VictimPolicy,
         precondition: bool = False,
+        placement: Placement | None = None,
     ) -> None:
         self.logical_pages = logical_pages
         self.n_dies = n_dies
@@ -93,6 +144,8 @@ class PageFtl:
         )
         self.gc_threshold_blocks = int(np.ceil(free_threshold * self.blocks_per_die))
         self.victim = victim
+        self.placement: Placement = placement if placement is not None else WritePointerPlacement()
+        self.pages_per_die = self.blocks_per_die * pages_per_block
         n_blocks = n_dies * self.blocks_per_die
         self.l2p = np.full(logical_pages, -1, dtype=np.int64)
         self.p2l = np.full(n_blocks * pages_per_block, -1, dtype=np.int64)
@@ -106,7 +159,6 @@ class PageFtl:
         self.gc_pending: list[int] = []  # dies whose last block opening asked for GC
         self.failed: set[int] = set()  # dies that take no new writes
         self._healthy = list(range(n_dies))
-        self.off_home: dict[int, int] = {}  # LPN -> die, for pages not on their home die
         if precondition:
             self._precondition()
         for die in range(n_dies):
@@ -130,12 +182,17 @@ class PageFtl:
                 self.free[d].popleft()
 
     def die_of(self, lpn: int) -> int:
-        """The die holding (or that would hold) ``lpn``."""
-        return self.off_home.get(lpn, lpn % self.n_dies)
+        """The die holding ``lpn`` (for a never-written page, die ``lpn % n_dies``)."""
+        ppn = int(self.l2p[lpn])
+        return ppn // self.pages_per_die if ppn >= 0 else lpn % self.n_dies
 
     def stand_in(self, lpn: int) -> int:
-        """The healthy die that takes the writes of ``lpn`` while its home die is failed."""
+        """A healthy die standing in for ``lpn``'s striped die (spread over the healthy dies)."""
         return self._healthy[lpn // self.n_dies % len(self._healthy)]
+
+    def has_room(self, die: int) -> bool:
+        """Whether ``die`` can take a program and keep a free block for GC."""
+        return self.write_ptr[die] < self.pages_per_block or len(self.free[die]) > 1
 
     def fail(self, dies: list[int]) -> None:
         """Take ``dies`` out of service for writes; InputError if the healthy dies could
@@ -187,13 +244,8 @@ class PageFtl:
         self.valid[block] += 1
 
     def program(self, lpn: int) -> int:
-        """Write ``lpn`` to a fresh page (out of place); returns its die."""
-        die = lpn % self.n_dies
-        if self.failed or self.off_home:
-            if die in self.failed:
-                die = self.off_home[lpn] = self.stand_in(lpn)
-            else:
-                self.off_home.pop(lpn, None)
+        """Write ``lpn`` to a fresh page (out of place) on the die placement picks; returns it."""
+        die = self.placement.die_for(lpn, self)
         self._place(lpn, die)
         return die
 

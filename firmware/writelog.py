@@ -18,6 +18,10 @@ space; a read, the flush's own merge reads included, waits for the program in pr
 on its die, not for the ones queued behind it (as the artifact's
 ``ssd_advance_status``: scheduler.py).
 
+Until the flush has gone past its page, a line being flushed is still read from the
+log (:meth:`WriteLog.contains`), as the artifact's index keeps a page's entries until
+its flush reaches them.
+
 ``program_interval_ns`` (0: off; the ``flush-throttle`` knob) throttles compaction to
 at most one page program per interval: the i-th page of a compaction then gives its
 entries back no sooner than i x interval after it starts.
@@ -75,6 +79,10 @@ class WriteLog:
         self.mask = np.zeros(device_pages, dtype=np.uint64)  # valid lines per page
         self.page_entries = np.zeros(device_pages, dtype=np.int64)  # entries in use per page
         self.page_first = np.zeros(device_pages, dtype=np.int64)  # append number of its oldest
+        # the lines of the compactions in flight, readable from the log until the flush
+        # has gone past their page
+        self.flush_mask = np.zeros(device_pages, dtype=np.uint64)
+        self.flush_until_ns = np.zeros(device_pages, dtype=np.int64)
         self.used = 0  # entries in use (valid + invalidated), outside a compaction
         self.inflight = 0  # entries of the compaction in progress (space not yet reusable)
         self.inflight_done_ns = 0  # when the last of them is free again
@@ -88,8 +96,11 @@ class WriteLog:
         self.program_interval_ns = 0
         self.counters = LogCounters()
 
-    def contains(self, page: int, line: int) -> bool:
-        return bool(int(self.mask[page]) >> line & 1)
+    def contains(self, page: int, line: int, time_ns: int) -> bool:
+        """Whether a read of ``line`` of ``page`` at ``time_ns`` finds it in the log."""
+        if int(self.mask[page]) >> line & 1:
+            return True
+        return bool(int(self.flush_mask[page]) >> line & 1) and time_ns < int(self.flush_until_ns[page])
 
     @property
     def valid(self) -> int:
@@ -227,6 +238,8 @@ class WriteLog:
                 done = max(done, time_ns + (i + 1) * interval)
             free_ns[i] = done
         self._start_flush(free_ns, page_entries)
+        self.flush_mask[pages] = masks
+        self.flush_until_ns[pages] = free_ns
         # cached copies now hold the merged data, which is on flash: they are clean
         self.cache.dirty[slots[cached]] = False
         c = self.counters

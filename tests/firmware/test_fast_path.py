@@ -125,3 +125,22 @@ def test_read_of_a_line_logged_in_the_same_numpy_run_by_cache_and_log(small_cont
     first = 4 + 2000
     assert got["source"][first + 3] == Source.CACHE
     assert (got["source"][first + 5::6] == Source.LOG).all()
+
+
+def test_read_of_an_uncached_line_the_flush_has_not_reached_is_a_log_hit(small_controller) -> None:
+    """A flush goes page by page (merge reads in sequence); until it reaches a page not in
+    the data cache, that page's logged lines are read from the log, then from flash."""
+    level = small_controller("skybyte-w").log.flush_level
+    # one line of each of many uncached pages (merge reads); the last append starts
+    # the compaction, down to empty in page order: page `last` is flushed last
+    last = 100 + level - 1
+    fill = make_requests(np.arange(100, 100 + level) * 4096 + 3 * 64, Op.WRITE,
+                         np.arange(level) * 100 + 10**5)
+    reads = make_requests(np.array([last * 4096 + 3 * 64] * 3000),
+                          time_ns=np.arange(3000) * 20_000 + 10**6)
+    requests = np.concatenate([fill, reads])
+    fast, _, got, want = _both(small_controller, "skybyte-w", requests, pieces=1)
+    assert np.array_equal(got, want)
+    assert fast.log.counters.compactions == 1
+    line = got["source"][-3000:]
+    assert line[0] == Source.LOG and line[-1] != Source.LOG  # until the flush passed it

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cxlssd.firmware.flash import FlashBackend
-from cxlssd.firmware.ftl import GC_VICTIM_POLICIES, PageFtl
+from cxlssd.firmware.ftl import GC_VICTIM_POLICIES, PLACEMENTS, PageFtl, StripedPlacement
 from cxlssd.firmware.scheduler import FlashTimeline
 
 
@@ -42,10 +42,11 @@ def test_host_read_waits_for_one_background_program_not_the_backlog() -> None:
     assert t.background(0, 83000, 0) == 10 * 80000 + 3000
 
 
-def make_ftl(victim: str = "greedy", logical: int = 256, precondition: bool = False) -> PageFtl:
-    return PageFtl(logical, n_dies=2, pages_per_block=8, overprovisioning=0.25,
+def make_ftl(victim: str = "greedy", logical: int = 256, precondition: bool = False,
+             placement: str = "write-pointer", n_dies: int = 2) -> PageFtl:
+    return PageFtl(logical, n_dies=n_dies, pages_per_block=8, overprovisioning=0.25,
                    free_threshold=0.2, victim=GC_VICTIM_POLICIES.get(victim)(),
-                   precondition=precondition)
+                   precondition=precondition, placement=PLACEMENTS.get(placement)())
 
 
 def check_ftl(ftl: PageFtl) -> None:
@@ -56,14 +57,17 @@ def check_ftl(ftl: PageFtl) -> None:
     per_block = np.bincount(np.flatnonzero(ftl.p2l >= 0) // ftl.pages_per_block,
                             minlength=ftl.valid.size)
     assert np.array_equal(per_block, ftl.valid)
-    assert (ftl.l2p[mapped] // ftl.pages_per_block // ftl.blocks_per_die == mapped % ftl.n_dies).all()
+    dies = ftl.l2p[mapped] // ftl.pages_per_die
+    assert [ftl.die_of(lpn) for lpn in mapped.tolist()] == dies.tolist()
+    if isinstance(ftl.placement, StripedPlacement):
+        assert (dies == mapped % ftl.n_dies).all()
 
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(0, 255), min_size=1, max_size=1500),
-       st.sampled_from(["greedy", "fifo"]), st.booleans())
-def test_no_mapping_lost_or_duplicated_through_gc(lpns, victim, precondition) -> None:
-    ftl = make_ftl(victim, precondition=precondition)
+       st.sampled_from(["greedy", "fifo"]), st.booleans(), st.sampled_from(PLACEMENTS.names()))
+def test_no_mapping_lost_or_duplicated_through_gc(lpns, victim, precondition, placement) -> None:
+    ftl = make_ftl(victim, precondition=precondition, placement=placement)
     flash = FlashBackend(ftl, timeline(channels=1))
     for i, lpn in enumerate(lpns):
         flash.program(lpn, i * 100)
@@ -87,6 +91,33 @@ def test_gc_runs_under_pressure_and_counts_write_amplification() -> None:
     assert counters["erases_gc"] > 0
     assert counters["write_amplification"] > 1.0
     assert all(ftl.free_blocks(d) >= 1 for d in range(ftl.n_dies))
+    check_ftl(ftl)
+
+
+def test_the_write_pointer_spreads_programs_over_the_dies_whatever_their_pages() -> None:
+    # as SkyByte's artifact (get_new_page): programs take the dies in turn, and a page
+    # is read from the die it was last written to; striping keeps page p on die p % 4
+    pages = [0, 4, 8, 12, 4, 0]  # all on die 0 under striping
+    pointer, striped = make_ftl(n_dies=4), make_ftl(n_dies=4, placement="striped")
+    assert [pointer.program(p) for p in pages] == [0, 1, 2, 3, 0, 1]
+    assert [striped.program(p) for p in pages] == [0] * 6
+    assert [pointer.die_of(p) for p in (0, 4, 8, 12, 16, 17)] == [1, 0, 2, 3, 0, 1]
+    flash = FlashBackend(pointer, timeline(channels=2))  # 4 dies: 2 channels x 2
+    assert flash.read(8, 0) == 3000 and flash.read(12, 0) == 3000  # dies 2 and 3 in parallel
+    assert flash.read(16, 0) == 3000 and flash.read(0, 0) == 3000  # never written: die 0; page 0: die 1
+    check_ftl(pointer)
+    check_ftl(striped)
+
+
+def test_the_write_pointer_skips_a_failed_die_and_a_die_at_its_last_free_block() -> None:
+    ftl = make_ftl(n_dies=4)
+    ftl.fail([1])
+    assert [ftl.program(p) for p in range(6)] == [0, 2, 3, 0, 2, 3]
+    ftl.restore([1])
+    while ftl.has_room(2):  # fill die 2 down to the free block GC relocates into
+        ftl._place(255, 2)
+    assert len(ftl.free[2]) == 1
+    assert [ftl.program(p) for p in range(100, 106)] == [0, 1, 3, 0, 1, 3]
     check_ftl(ftl)
 
 

@@ -89,6 +89,20 @@ def test_the_flush_waits_for_its_merge_reads_one_after_another_and_never_for_a_p
     assert merged.inflight_done_ns >= 100 + 2 * 3000
 
 
+def test_a_line_being_flushed_is_read_from_the_log_until_the_flush_passes_its_page() -> None:
+    """As the artifact's flush_log_region, which drops a page's index entries only when
+    it reaches the page: the log still serves the lines the flush has not reached."""
+    log = make_log(capacity=256, threshold=1.0)
+    for page in (4, 6):
+        log.append(page, 1, 0)
+    log.compact(100)  # two merge reads in sequence: page 4 is passed first
+    first, second = int(log.flush_until_ns[4]), int(log.flush_until_ns[6])
+    assert 100 < first < second
+    assert log.contains(6, 0, first) and not log.contains(4, 0, first)
+    assert log.contains(6, 0, second - 1) and not log.contains(6, 0, second)
+    assert not log.contains(6, 1, 0)  # a line never logged
+
+
 def test_a_merge_read_waits_for_the_program_in_progress_not_for_the_queued_ones() -> None:
     """SkyByte's artifact (ftl.cc ssd_advance_status): a flush's page read takes the die's
     read timeline and the rest of the one program in progress; the programs queued
@@ -122,7 +136,7 @@ def test_log_never_exceeds_capacity_and_no_line_is_lost(writes, capacity, thresh
         assert log.counters.appends == log.counters.compacted_entries + log.used
         # every line written is either in the log or its page is on flash
         for (p, ln) in written:
-            assert log.contains(p, ln) or ftl.l2p[p] >= 0
+            assert log.contains(p, ln, now) or ftl.l2p[p] >= 0
     log.compact(now, at_least=log.used)
     assert not np.any(log.mask)
     assert all(ftl.l2p[p] >= 0 for (p, _) in written)
