@@ -96,7 +96,9 @@ class WritePointerPlacement:
             self.next_die = (die + 1) % n
             if die not in ftl.failed and ftl.has_room(die):
                 return die
-        return ftl.stand_in(lpn)  # every die at its floor: _open_block says so clearly
+        # every healthy die at its floor: write into a die's GC reserve; _open_block
+        # raises the clear ConfigError once no free block is left
+        return ftl.stand_in(lpn)
 
 
 @PLACEMENTS.register("striped")
