@@ -249,9 +249,9 @@ class Controller:
             device_pages, timeline.n_dies, p["flash.pages_per_block"],
             p["flash.overprovisioning"], p["gc.free_threshold"],
             GC_VICTIM_POLICIES.get(p["gc.victim"])(), p["flash.precondition"],
-            PLACEMENTS.get(p["flash.placement"])(),
+            PLACEMENTS.get(p["flash.placement"])(), p["gc.unit"], p["gc.stop_threshold"],
         )
-        flash = FlashBackend(ftl, timeline)
+        flash = FlashBackend(ftl, timeline, p["gc.read_priority"])
         log_bytes = p.capacity_bytes("write_log.size_bytes") if p["write_log.enabled"] else 0
         cache_pages = (p.capacity_bytes("ssd_dram.size_bytes") - log_bytes) // PAGE_BYTES
         ways = p["cache.ways"]

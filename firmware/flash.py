@@ -60,7 +60,7 @@ class FlashCounters:
     programs_gc: int = 0
     programs_rebuild: int = 0
     erases_gc: int = 0
-    gc_runs: int = 0
+    gc_runs: int = 0  # blocks collected (gc.unit die) or lines (line: one erase per die each)
     rebuilds: int = 0  # host or merge reads of a failed die's page
     reads_slow_die: int = 0  # host reads served by a slowed die
     host_read_queue_ns: int = 0  # time host reads waited for a busy die or channel
@@ -89,11 +89,15 @@ class StormWork:
 class FlashBackend:
     """Page reads/programs of logical pages, timed, with GC."""
 
-    def __init__(self, ftl: PageFtl, timeline: FlashTimeline) -> None:
+    def __init__(self, ftl: PageFtl, timeline: FlashTimeline, gc_read_priority: bool = True) -> None:
         if ftl.n_dies != timeline.n_dies:
             raise ValueError("the FTL and the timeline disagree on the number of dies")
         self.ftl = ftl
         self.timeline = timeline
+        # gc.read_priority: GC work is background work that host reads go before (ours,
+        # as the write-backs and flush programs); false: reads queue behind it (FIFO), as
+        # the artifact's GC_IO commands take the unit's timeline (ftl.cc ssd_advance_status)
+        self.gc_read_priority = gc_read_priority
         self.counters = FlashCounters()
         self.slow: set[int] = set()  # dies with a factor above 1
         self.storm = StormWork()
@@ -140,21 +144,61 @@ class FlashBackend:
 
     def _collect(self, time_ns: int) -> None:
         ftl = self.ftl
+        if ftl.unit == "line":
+            self._collect_lines(time_ns)
+            return
         while ftl.gc_pending:
             result = ftl.collect(ftl.gc_pending.pop())
             if result is not None:
                 self._account_gc(result, time_ns)
 
-    def _account_gc(self, result: GcResult, time_ns: int) -> None:
-        """Count one collected block and queue its copies and erase on its die."""
+    def _collect_lines(self, time_ns: int) -> None:
+        """One GC pass of ``gc.unit: line``: lines until enough are free, each at most
+        once, and no more lines than were missing when it began (ours: the artifact's
+        line pass may sweep every line, which on a drive too full to reach the stop
+        threshold it does at every block opening); every die gets its share (reads
+        where the pages were, programs where they go, an erase) as GC work."""
+        ftl, timeline, counters = self.ftl, self.timeline, self.counters
+        ftl.gc_pending.clear()
+        collected: set[int] = set()
+        lines_missing = ftl.gc_stop_blocks - ftl.free_lines()
+        while ftl.free_lines() < ftl.gc_stop_blocks and len(collected) < lines_missing:
+            result = ftl.collect_line(collected)
+            if result is None:
+                break
+            collected.add(result.block)
+            counters.gc_runs += 1
+            counters.reads_gc += result.moved
+            counters.programs_gc += result.moved
+            counters.erases_gc += len(result.dies)
+            erased = set(result.dies)
+            for die in range(ftl.n_dies):
+                work_ns = timeline.gc_work_ns(
+                    die, reads_out=result.read_from[die], programs_in=result.programmed_on[die],
+                    erases=int(die in erased),
+                )
+                if work_ns:
+                    self._gc_work(die, time_ns, work_ns)
+        ftl.gc_pending.clear()  # the pass's own block openings asked for it again
+        ftl.line_openings = 0
+
+    def _gc_work(self, die: int, time_ns: int, work_ns: int, background: bool = False) -> None:
+        if background or self.gc_read_priority:
+            self.timeline.background(die, time_ns, work_ns)
+        else:
+            self.timeline.occupy(die, time_ns, work_ns)
+
+    def _account_gc(self, result: GcResult, time_ns: int, storm: bool = False) -> None:
+        """Count one collected block and queue its copies and erase on its die (a GC
+        storm's as background work whatever ``gc_read_priority``: it keeps its dies'
+        backlog topped up)."""
         counters = self.counters
         counters.gc_runs += 1
         counters.reads_gc += result.moved
         counters.programs_gc += result.moved
         counters.erases_gc += 1
-        if result.moved:
-            self.timeline.copy(result.die, time_ns, result.moved)
-        self.timeline.erase(result.die, time_ns)
+        work_ns = self.timeline.gc_work_ns(result.die, copies=result.moved, erases=1)
+        self._gc_work(result.die, time_ns, work_ns, background=storm)
 
     # -- GC storms -------------------------------------------------------------------
 
@@ -180,7 +224,7 @@ class FlashBackend:
             if result is None:
                 self.storm.dies_without_work.add(die)
                 return False
-            self._account_gc(result, time_ns)
+            self._account_gc(result, time_ns, storm=True)
             self.storm.blocks += 1
             self.storm.pages_moved += result.moved
         return True

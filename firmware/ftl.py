@@ -11,9 +11,15 @@ whatever their pages; ``striped`` writes a page on die ``lpn % n_dies`` always (
 before issue 13). Each die writes into one *active* block; when a new active block is
 taken while the die has fewer free blocks than ``free_threshold x blocks_per_die``, one
 victim block is collected: its valid pages move to the active block and it is erased.
-Relocation never triggers GC itself. The artifact collects a *line* (the same block on
-every unit) and re-places its valid pages at the write pointer; ours collects per die
-and relocates on the die (copy-back).
+Relocation never triggers GC itself. That is ``gc.unit: die`` (ours, the default). With
+``gc.unit: line`` GC works as SkyByte's artifact's (``bytefs_gc.cc``,
+``ALLOCATION_SECHEM_LINE``): a *line* is the block of the same index on every die; once
+a block opening leaves fewer than ``free_threshold x blocks_per_die`` free lines, lines
+are collected, fewest valid pages first, each at most once, until ``stop_threshold x
+blocks_per_die`` lines are free (the artifact: 20 % and 35 %); their valid pages are
+re-placed by the placement (the write pointer: over all dies) and every die erases its
+block of the line. Lines stay aligned only if the dies fill evenly, so ``line`` needs the
+write pointer.
 
 A *failed* die (``die-fault`` knob) takes no new writes and is never collected: the
 write pointer skips it; striped placement writes a page whose die failed to a stand-in,
@@ -25,6 +31,7 @@ write pointer skips it; striped placement writes a page whose die failed to a st
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -34,6 +41,8 @@ from cxlssd.errors import ConfigError, InputError
 from cxlssd.firmware.registry import Registry
 
 FREE, ACTIVE, CLOSED = 0, 1, 2
+#: what GC collects: a die's block (ours) or a line, the same block on every die (the artifact)
+GC_UNITS = ("die", "line")
 
 
 class VictimPolicy(Protocol):
@@ -120,6 +129,22 @@ class GcResult:
     moved: int
 
 
+@dataclass
+class LineGcResult:
+    """One collected line (block ``block`` of every die in ``dies``): ``read_from[d]``
+    valid pages read on die ``d`` and ``programmed_on[d]`` re-placed on it, then every
+    die in ``dies`` erased its block."""
+
+    block: int
+    dies: list[int]
+    read_from: list[int]
+    programmed_on: list[int]
+
+    @property
+    def moved(self) -> int:
+        return sum(self.read_from)
+
+
 class PageFtl:
     """Logical-to-physical page map over ``n_dies`` dies."""
 
@@ -133,7 +158,12 @@ class PageFtl:
         victim: VictimPolicy,
         precondition: bool = False,
         placement: Placement | None = None,
+        unit: str = "die",
+        stop_threshold: float = 0.35,
     ) -> None:
+        if unit not in GC_UNITS:
+            raise ConfigError(f"unknown gc.unit {unit!r}: one of {', '.join(GC_UNITS)}")
+        self.unit = unit
         self.logical_pages = logical_pages
         self.n_dies = n_dies
         self.pages_per_block = pages_per_block
@@ -145,6 +175,7 @@ class PageFtl:
             data_blocks + 2,
         )
         self.gc_threshold_blocks = int(np.ceil(free_threshold * self.blocks_per_die))
+        self.gc_stop_blocks = int(np.ceil(stop_threshold * self.blocks_per_die))
         self.victim = victim
         self.placement: Placement = placement if placement is not None else WritePointerPlacement()
         self.pages_per_die = self.blocks_per_die * pages_per_block
@@ -158,7 +189,10 @@ class PageFtl:
         self.free: list[deque[int]] = [deque(range(self.blocks_per_die)) for _ in range(n_dies)]
         self.active = [-1] * n_dies  # global block id per die
         self.write_ptr = [pages_per_block] * n_dies  # "full" until a block is opened
-        self.gc_pending: list[int] = []  # dies whose last block opening asked for GC
+        # dies whose last block opening asked for GC (gc.unit line: any die, for a pass)
+        self.gc_pending: list[int] = []
+        self.line_openings = 0  # gc.unit line: block openings since the last line pass
+        self._relocating = False  # a line pass is re-placing pages (it may use the GC reserve)
         self.failed: set[int] = set()  # dies that take no new writes
         self._healthy = list(range(n_dies))
         if precondition:
@@ -166,6 +200,7 @@ class PageFtl:
         for die in range(n_dies):
             self._open_block(die)
         self.gc_pending.clear()
+        self.line_openings = 0
 
     def _precondition(self) -> None:
         """Map every LPN once, densely per die, as after a sequential fill."""
@@ -193,8 +228,10 @@ class PageFtl:
         return self._healthy[lpn // self.n_dies % len(self._healthy)]
 
     def has_room(self, die: int) -> bool:
-        """Whether ``die`` can take a program and keep a free block for GC."""
-        return self.write_ptr[die] < self.pages_per_block or len(self.free[die]) > 1
+        """Whether ``die`` can take a program and keep a free block for GC (a line pass
+        relocating takes that block too)."""
+        reserve = 0 if self._relocating else 1
+        return self.write_ptr[die] < self.pages_per_block or len(self.free[die]) > reserve
 
     def fail(self, dies: list[int]) -> None:
         """Take ``dies`` out of service for writes; InputError if the healthy dies could
@@ -227,7 +264,15 @@ class PageFtl:
         self._open_seq += 1
         self.active[die] = block
         self.write_ptr[die] = 0
-        if len(self.free[die]) < self.gc_threshold_blocks:
+        if self.unit == "die":
+            if len(self.free[die]) < self.gc_threshold_blocks:
+                self.gc_pending.append(die)
+            return
+        # a line pass at most once per line of block openings (ours: the artifact's FTL
+        # thread checks in a loop), at once when a die is down to its last free block
+        self.line_openings += 1
+        free = self.free_lines()
+        if free < self.gc_threshold_blocks and (self.line_openings >= len(self._healthy) or free <= 1):
             self.gc_pending.append(die)
 
     def _place(self, lpn: int, die: int) -> None:
@@ -271,6 +316,46 @@ class PageFtl:
         self.state[block] = FREE
         self.free[die].append(local)
         return GcResult(die, block, len(moved))
+
+    def free_lines(self) -> int:
+        """Lines free on every healthy die (the dies open blocks in the same order, so
+        under the write pointer this is each die's free blocks, give or take the one
+        block being opened)."""
+        return min(len(self.free[d]) for d in self._healthy)
+
+    def collect_line(self, skip: AbstractSet[int] = frozenset()) -> LineGcResult | None:
+        """Collect one line (a block index closed on every healthy die, not in
+        ``skip``) chosen by the victim policy; None if none is closed or the chosen one
+        has no invalid page. Its valid pages are re-placed by the placement."""
+        bpd, ppb = self.blocks_per_die, self.pages_per_block
+        dies = list(self._healthy)
+        per_die = np.array(dies, dtype=np.int64)[:, None] * bpd + np.arange(bpd)
+        closed = (self.state[per_die] == CLOSED).all(axis=0)
+        if skip:
+            closed[list(skip)] = False
+        if not closed.any():
+            return None
+        valid = self.valid[per_die].sum(axis=0)
+        local = self.victim.choose(valid, self.opened[per_die].min(axis=0), closed)
+        room = sum(ppb - self.write_ptr[d] + ppb * len(self.free[d]) for d in dies)
+        if not closed[local] or valid[local] == ppb * len(dies) or valid[local] > room:
+            return None
+        read_from = [0] * self.n_dies
+        programmed_on = [0] * self.n_dies
+        self._relocating = True
+        try:
+            for die in dies:
+                block = die * bpd + local
+                pages = self.p2l[block * ppb : (block + 1) * ppb]
+                for lpn in pages[pages >= 0].tolist():
+                    read_from[die] += 1
+                    programmed_on[self.program(lpn)] += 1
+        finally:
+            self._relocating = False
+        for die in dies:
+            self.state[die * bpd + local] = FREE
+            self.free[die].append(local)
+        return LineGcResult(local, dies, read_from, programmed_on)
 
     def free_blocks(self, die: int) -> int:
         return len(self.free[die])

@@ -32,6 +32,7 @@ from pydantic import (
 
 from cxlssd.abi.protocol import TASK_SCHEDULERS
 from cxlssd.errors import ConfigError
+from cxlssd.firmware.ftl import GC_UNITS
 from cxlssd.firmware.request import LINES_PER_PAGE, PAGE_BYTES
 from cxlssd.models import ConfigModel
 from cxlssd.validation import did_you_mean, size_bytes
@@ -286,6 +287,16 @@ def _validate(v: dict[str, Any]) -> None:
              f"flash.pages_per_block must be at least 1, got {v['flash.pages_per_block']}")
     _fraction(v, "flash.overprovisioning", 0, 4)
     _fraction(v, "gc.free_threshold", 0, 0.99)
+    _require(v["gc.unit"] in GC_UNITS,
+             f"unknown gc.unit {v['gc.unit']!r}{did_you_mean(str(v['gc.unit']), list(GC_UNITS))}: "
+             f"one of {', '.join(GC_UNITS)}")
+    if v["gc.unit"] == "line":
+        _require(v["gc.free_threshold"] < v["gc.stop_threshold"] <= 0.99,
+                 f"gc.stop_threshold ({v['gc.stop_threshold']}) must be above gc.free_threshold "
+                 f"({v['gc.free_threshold']}) and at most 0.99: a line GC pass runs from one to the other")
+        _require(v["flash.placement"] == "write-pointer",
+                 f"gc.unit line needs flash.placement write-pointer (got {v['flash.placement']!r}): "
+                 "a line is the same block on every die, aligned only while the dies fill in turn")
     _require(v["scale.capacity_divisor"] >= 1,
              f"scale.capacity_divisor must be at least 1, got {v['scale.capacity_divisor']}")
     dram = _scaled(v, "ssd_dram.size_bytes")

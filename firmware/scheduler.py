@@ -151,10 +151,18 @@ class FlashTimeline:
         """A page program (transfer in + array program), background."""
         return self.background(die, time_ns, self.transfer_ns + self.die_program_ns[die])
 
-    def copy(self, die: int, time_ns: int, pages: int) -> int:
-        """``pages`` on-die copies (GC relocation: read + program, no channel use)."""
-        return self.background(die, time_ns, pages * (self.die_read_ns[die] + self.die_program_ns[die]))
+    def occupy(self, die: int, time_ns: int, work_ns: int) -> int:
+        """Queue ``work_ns`` on ``die`` as foreground work: reads issued later wait for
+        all of it (FIFO, as SkyByte's artifact times GC); returns its end."""
+        self._drain(die, time_ns)
+        self.fg_busy_ns[die] = max(self.fg_busy_ns[die], time_ns) + work_ns
+        return self.fg_busy_ns[die]
 
-    def erase(self, die: int, time_ns: int) -> int:
-        """A block erase, background."""
-        return self.background(die, time_ns, self.die_erase_ns[die])
+    def gc_work_ns(self, die: int, *, copies: int = 0, reads_out: int = 0, programs_in: int = 0,
+                   erases: int = 0) -> int:
+        """What GC asks of ``die``: on-die copies (read + program, no channel use), reads
+        of pages leaving it (read + transfer out), programs of pages coming in
+        (transfer in + program), block erases."""
+        read, program, transfer = self.die_read_ns[die], self.die_program_ns[die], self.transfer_ns
+        return (copies * (read + program) + reads_out * (read + transfer)
+                + programs_in * (transfer + program) + erases * self.die_erase_ns[die])

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cxlssd.firmware.flash import FlashBackend
-from cxlssd.firmware.ftl import GC_VICTIM_POLICIES, PLACEMENTS, PageFtl, StripedPlacement
+from cxlssd.firmware.ftl import GC_VICTIM_POLICIES, PLACEMENTS, GcResult, PageFtl, StripedPlacement
 from cxlssd.firmware.scheduler import FlashTimeline
 
 
@@ -42,11 +42,27 @@ def test_host_read_waits_for_one_background_program_not_the_backlog() -> None:
     assert t.background(0, 83000, 0) == 10 * 80000 + 3000
 
 
+def test_gc_without_read_priority_holds_reads_for_all_of_its_work() -> None:
+    # gc.read_priority false: GC work takes the die's timeline and a read queues behind
+    # all of it (SkyByte's artifact: GC_IO commands advance the unit's next free time);
+    # by default a read waits only for the operation in progress
+    work_ns = 3 * (3000 + 80_000) + 1_000_000  # three on-die copies and the erase
+    # with read priority: the rest of the operation in progress (the backlog is taken as
+    # whole programs), then the read
+    for read_priority, expect in ((True, work_ns % 80_000 + 3000), (False, work_ns + 3000)):
+        ftl = make_ftl(n_dies=4)
+        flash = FlashBackend(ftl, timeline(), gc_read_priority=read_priority)
+        result = GcResult(die=0, block=0, moved=3)
+        flash._account_gc(result, 0)
+        assert flash.timeline.read(0, 0) == expect
+        assert flash.timeline.read(1, 0) == 3000  # other dies are not held
+
+
 def make_ftl(victim: str = "greedy", logical: int = 256, precondition: bool = False,
-             placement: str = "write-pointer", n_dies: int = 2) -> PageFtl:
+             placement: str = "write-pointer", n_dies: int = 2, unit: str = "die") -> PageFtl:
     return PageFtl(logical, n_dies=n_dies, pages_per_block=8, overprovisioning=0.25,
                    free_threshold=0.2, victim=GC_VICTIM_POLICIES.get(victim)(),
-                   precondition=precondition, placement=PLACEMENTS.get(placement)())
+                   precondition=precondition, placement=PLACEMENTS.get(placement)(), unit=unit)
 
 
 def check_ftl(ftl: PageFtl) -> None:
@@ -65,10 +81,14 @@ def check_ftl(ftl: PageFtl) -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(0, 255), min_size=1, max_size=1500),
-       st.sampled_from(["greedy", "fifo"]), st.booleans(), st.sampled_from(PLACEMENTS.names()))
+       st.sampled_from(["greedy", "fifo"]), st.booleans(),
+       st.sampled_from([*PLACEMENTS.names(), "line"]))
 def test_no_mapping_lost_or_duplicated_through_gc(lpns, victim, precondition, placement) -> None:
-    ftl = make_ftl(victim, precondition=precondition, placement=placement)
-    flash = FlashBackend(ftl, timeline(channels=1))
+    # "line": the artifact's line GC, which needs the write pointer
+    unit = "line" if placement == "line" else "die"
+    placement = "write-pointer" if unit == "line" else placement
+    ftl = make_ftl(victim, precondition=precondition, placement=placement, n_dies=4, unit=unit)
+    flash = FlashBackend(ftl, timeline())
     for i, lpn in enumerate(lpns):
         flash.program(lpn, i * 100)
     check_ftl(ftl)
@@ -78,7 +98,8 @@ def test_no_mapping_lost_or_duplicated_through_gc(lpns, victim, precondition, pl
         assert set(np.flatnonzero(ftl.l2p >= 0).tolist()) == set(lpns)
     c = flash.counters
     assert c.programs_host == len(lpns)
-    assert c.reads_gc == c.programs_gc and c.erases_gc == c.gc_runs
+    assert c.reads_gc == c.programs_gc
+    assert c.erases_gc == c.gc_runs * (ftl.n_dies if unit == "line" else 1)
 
 
 def test_gc_runs_under_pressure_and_counts_write_amplification() -> None:
@@ -92,6 +113,58 @@ def test_gc_runs_under_pressure_and_counts_write_amplification() -> None:
     assert counters["write_amplification"] > 1.0
     assert all(ftl.free_blocks(d) >= 1 for d in range(ftl.n_dies))
     check_ftl(ftl)
+
+
+def test_line_gc_collects_the_same_block_on_every_die_until_enough_lines_are_free() -> None:
+    # SkyByte's artifact (bytefs_gc.cc): below 20 % free lines a pass collects lines,
+    # fewest valid pages first, until 35 % are free (ours: at most as many lines as
+    # were missing); their pages go where the write pointer puts them (any die), and
+    # every die erases its block of the line
+    ftl = make_ftl(n_dies=4, unit="line")  # 10 blocks a die: GC below 2 free lines, up to 4
+    flash = FlashBackend(ftl, timeline())
+    lines: list = []
+    collect_line = ftl.collect_line
+
+    def spy(skip=frozenset()):
+        result = collect_line(skip)
+        if result is not None:
+            lines.append(result)
+        return result
+
+    ftl.collect_line = spy  # type: ignore[method-assign]
+    passes: list[int] = []
+    for i, lpn in enumerate(np.random.default_rng(1).integers(0, 128, 3000).tolist()):
+        before, missing = len(lines), ftl.gc_stop_blocks - ftl.free_lines()
+        flash.program(lpn, i * 1000)
+        if len(lines) > before:
+            passes.append(len(lines) - before)
+            assert len(lines) - before <= missing + 1  # + 1: the program's own block opening
+            assert ftl.free_lines() >= ftl.gc_threshold_blocks  # out of the trigger zone
+    check_ftl(ftl)
+    c = flash.counters
+    assert lines and all(line.dies == [0, 1, 2, 3] for line in lines)
+    assert c.gc_runs == len(lines) and c.erases_gc == 4 * len(lines)
+    assert c.reads_gc == c.programs_gc == sum(line.moved for line in lines) > 0
+    # a line's valid pages were re-placed over the dies by the write pointer
+    moved = [line for line in lines if line.moved >= 4]
+    assert moved and all(sum(1 for n in line.programmed_on if n) >= 3 for line in moved)
+    assert max(passes) >= 2  # a pass takes several lines (2 -> 4 free)
+    # every die keeps the same free blocks: the lines stay aligned
+    assert len({tuple(sorted(ftl.free[d])) for d in range(4)}) == 1
+
+
+def test_line_gc_spreads_its_work_over_every_die() -> None:
+    # relocation reads on the line's dies, programs at the write pointer and an erase on
+    # every die: each die gets at least its erase of background work, where per-die GC
+    # loads only the die that ran short
+    ftl = make_ftl(n_dies=4, unit="line")
+    flash = FlashBackend(ftl, timeline())
+    for lpn in np.random.default_rng(2).integers(0, 128, 3000).tolist():
+        flash.program(lpn, 0)
+        if flash.counters.erases_gc:
+            break
+    assert flash.counters.erases_gc == 4 * flash.counters.gc_runs > 0
+    assert min(flash.timeline.backlog_ns(d, 0) for d in range(4)) >= flash.counters.gc_runs * 1_000_000
 
 
 def test_the_write_pointer_spreads_programs_over_the_dies_whatever_their_pages() -> None:
@@ -135,3 +208,16 @@ def test_backend_counts_host_reads_and_queueing() -> None:
     assert flash.read(2, 0) == 6000  # lpn 2 is on die 0 too
     assert flash.counters.reads_host == 2
     assert flash.counters.host_read_queue_ns == 3000
+
+
+def test_the_profile_composes_the_gc_unit_and_its_read_priority() -> None:
+    from cxlssd.firmware.controller import Controller
+    from cxlssd.firmware.profile import load_profile
+
+    default = Controller.from_profile(load_profile("skybyte-full")).flash
+    assert default is not None and default.ftl.unit == "die" and default.gc_read_priority
+    artifact = Controller.from_profile(
+        load_profile("skybyte-full", ["gc.unit=line", "gc.read_priority=false", "gc.stop_threshold=0.4"])
+    ).flash
+    assert artifact is not None and artifact.ftl.unit == "line" and not artifact.gc_read_priority
+    assert artifact.ftl.gc_stop_blocks == int(np.ceil(0.4 * artifact.ftl.blocks_per_die))

@@ -63,6 +63,10 @@ def test_overrides_and_presets() -> None:
         (["migration.min_threshold=8"], "min_threshold"),
         (["noequals"], "key=value"),
         (["ssd_dram.size_bytes=12 parsecs"], "is not a size"),
+        (["gc.unit=lines"], "unknown gc.unit 'lines' (did you mean 'line'?): one of die, line"),
+        (["gc.unit=line", "flash.placement=striped"], "gc.unit line needs flash.placement write-pointer"),
+        (["gc.unit=line", "gc.stop_threshold=0.1"], "gc.stop_threshold (0.1) must be above"),
+        (["gc.read_priority=maybe"], "gc.read_priority: expected true or false, got 'maybe'"),
     ],
 )
 def test_bad_overrides_are_clear_errors(overrides: list[str], message: str) -> None:
