@@ -158,8 +158,7 @@ class FlashBackend:
         line pass may sweep every line, which on a drive too full to reach the stop
         threshold it does at every block opening); every die gets its share (reads
         where the pages were, programs where they go, an erase) as GC work."""
-        ftl, timeline, counters = self.ftl, self.timeline, self.counters
-        ftl.gc_pending.clear()
+        ftl, timeline = self.ftl, self.timeline
         collected: set[int] = set()
         lines_missing = ftl.gc_stop_blocks - ftl.free_lines()
         while ftl.free_lines() < ftl.gc_stop_blocks and len(collected) < lines_missing:
@@ -167,10 +166,7 @@ class FlashBackend:
             if result is None:
                 break
             collected.add(result.block)
-            counters.gc_runs += 1
-            counters.reads_gc += result.moved
-            counters.programs_gc += result.moved
-            counters.erases_gc += len(result.dies)
+            self._count_gc(result.moved, erases=len(result.dies))
             erased = set(result.dies)
             for die in range(ftl.n_dies):
                 work_ns = timeline.gc_work_ns(
@@ -179,7 +175,7 @@ class FlashBackend:
                 )
                 if work_ns:
                     self._gc_work(die, time_ns, work_ns)
-        ftl.gc_pending.clear()  # the pass's own block openings asked for it again
+        ftl.gc_pending.clear()  # its trigger, and the pass's own block openings
         ftl.line_openings = 0
 
     def _gc_work(self, die: int, time_ns: int, work_ns: int, background: bool = False) -> None:
@@ -188,15 +184,19 @@ class FlashBackend:
         else:
             self.timeline.occupy(die, time_ns, work_ns)
 
+    def _count_gc(self, moved: int, erases: int) -> None:
+        """Count one collected block or line: ``moved`` pages relocated, ``erases`` blocks."""
+        counters = self.counters
+        counters.gc_runs += 1
+        counters.reads_gc += moved
+        counters.programs_gc += moved
+        counters.erases_gc += erases
+
     def _account_gc(self, result: GcResult, time_ns: int, storm: bool = False) -> None:
         """Count one collected block and queue its copies and erase on its die (a GC
         storm's as background work whatever ``gc_read_priority``: it keeps its dies'
         backlog topped up)."""
-        counters = self.counters
-        counters.gc_runs += 1
-        counters.reads_gc += result.moved
-        counters.programs_gc += result.moved
-        counters.erases_gc += 1
+        self._count_gc(result.moved, erases=1)
         work_ns = self.timeline.gc_work_ns(result.die, copies=result.moved, erases=1)
         self._gc_work(result.die, time_ns, work_ns, background=storm)
 
