@@ -40,7 +40,12 @@ accounts for it as a transfer of a device-side DMA engine instead:
   ``DAEMON_OFF`` or ``DAEMON_ON``): the daemon's thread left its CPU or got it back.
   It runs SCHED_FIFO, yet ``move_pages(2)`` blocks inside a look (it waits for an RCU
   grace period) and the program runs meanwhile: that time is the program's, so a look
-  takes back only the time its daemon was on the CPU.
+  takes back only the time its daemon was on the CPU. What the daemon runs on its CPU
+  outside its looks (from the switch that wakes it to its first look, between looks,
+  from its last look to the switch that puts it back to wait) is the promotion
+  thread's too: taken back the same way (``os_outside_looks_ns``), its requests the
+  engine's. Only a thread that sent DAEMON markers gets this: without the kernel
+  helper nothing says when the daemon waits.
 
 Lifetime hints (``HINT``, ``addr`` = kind << 56 | op << 48 | pages << 32 | first
 device page) name a run of device pages of one tensor:
@@ -120,6 +125,9 @@ class TransferCounters:
     foreign_requests: int = 0
     os_switched_out: int = 0  # times the daemon left its CPU inside a look (DAEMON_OFF)
     os_others_ns: int = 0  # the vCPU time others ran in its looks meanwhile: not taken back
+    # the daemon's time on its CPU outside its looks (woken, between looks, going back to
+    # wait), taken back: what the kernel helper's DAEMON markers delimit
+    os_outside_looks_ns: int = 0
     hint_markers: int = 0
     need_pages: int = 0
     need_prefetched: int = 0  # NEED pages read into the data cache
@@ -142,6 +150,10 @@ class _Open:
     # the vCPU's clock when the bracket's thread left its CPU (DAEMON_OFF), while it is out
     switched_out_clock_ns: int | None = None
     others_ns: int = 0  # what other threads ran in it meanwhile: not its work
+    # not a look: the daemon on its CPU outside its looks (closed by its next look or by
+    # its leaving the CPU), from this local time
+    outside_looks: bool = False
+    begin_local_ns: int = 0
 
 
 class TransferEngine:
@@ -159,6 +171,7 @@ class TransferEngine:
         self.free_ns = 0  # when the engine's last transfer is done
         self._open: dict[tuple[int, int], _Open] = {}  # (vCPU, thread) -> its bracket
         self._done: dict[int, tuple[int, int]] = {}  # ticket -> (start, done)
+        self._daemons: set[int] = set()  # threads that sent DAEMON markers
 
     def clock_ns(self, vcpu: int, local_ns: int) -> int:
         return local_ns + self.controller.vcpu_stall_ns(vcpu)
@@ -180,6 +193,8 @@ class TransferEngine:
         key = (vcpu, thread)
         by_os = bool(arg & XFER_BY_OS)
         arg &= ~XFER_BY_OS
+        if key in self._open and self._open[key].outside_looks:
+            self._end_outside_looks(key, local_ns)
         if key in self._open:
             log.warning("transfer %d began on vCPU %d, thread %d inside transfer %d: the earlier one is "
                         "dropped", arg >> 1, vcpu, thread, self._open[key].ticket)
@@ -204,6 +219,15 @@ class TransferEngine:
     def as_engine_work(self, requests: np.ndarray) -> np.ndarray:
         """``requests`` with those of the threads inside a bracket made the engine's:
         issued at the bracket's begin and posted (a copy; the others unchanged)."""
+        for key, bracket in list(self._open.items()):
+            vcpu, thread = key
+            if bracket.outside_looks and np.any((requests["vcpu"] == vcpu) & (requests["thread"] != thread)):
+                # another thread runs there: the daemon left without a DAEMON_OFF (it closed
+                # the helper's file on its way out, and the helper stopped marking it);
+                # when is not known, so nothing is taken back
+                del self._open[key]
+        if not self._open:
+            return requests
         engine = requests.copy()
         claimed = np.zeros(requests.shape[0], dtype=bool)
         on_vcpus = np.zeros(requests.shape[0], dtype=bool)
@@ -223,9 +247,18 @@ class TransferEngine:
 
     def daemon_switched(self, vcpu: int, thread: int, on_cpu: bool, local_ns: int) -> None:
         """A DAEMON marker: ``thread`` left ``vcpu`` (``on_cpu`` False) or got it back.
-        Only a bracket that thread has open there notes it."""
-        bracket = self._open.get((vcpu, thread))
+        Only a bracket that thread has open there notes it; outside its looks, the time
+        it is on the CPU is taken back as its looks' is."""
+        self._daemons.add(thread)
+        key = (vcpu, thread)
+        bracket = self._open.get(key)
         if bracket is None:
+            if on_cpu:
+                self._begin_outside_looks(key, local_ns)
+            return
+        if bracket.outside_looks:
+            if not on_cpu:
+                self._end_outside_looks(key, local_ns)
             return
         now_ns = self.clock_ns(vcpu, local_ns)
         if not on_cpu:
@@ -236,14 +269,31 @@ class TransferEngine:
             bracket.others_ns += now_ns - bracket.switched_out_clock_ns
             bracket.switched_out_clock_ns = None
 
+    def _begin_outside_looks(self, key: tuple[int, int], local_ns: int) -> None:
+        self._open[key] = _Open(0, False, True, self.clock_ns(key[0], local_ns), outside_looks=True,
+                                begin_local_ns=local_ns)
+
+    def _end_outside_looks(self, key: tuple[int, int], local_ns: int) -> None:
+        """The daemon's instructions on its CPU since it got it (or ended a look): taken
+        back. Its local time, not the clock: the stall the vCPU was charged meanwhile is
+        the program's (the device read the doorbell interrupted it at, which the program
+        waits for when it runs again)."""
+        span = self._open.pop(key)
+        own_ns = max(0, local_ns - span.begin_local_ns)
+        self.controller.charge_stall(key[0], -own_ns)
+        self.counters.os_outside_looks_ns += own_ns
+
     def served(self, requests: np.ndarray, out: np.ndarray) -> None:
         """Device requests served while a bracket is open: count the pages read from flash."""
         for bracket, mine, _ in self._claims(requests):
             bracket.flash_pages += int(np.count_nonzero(out["source"][mine] == Source.FLASH))
 
     def end(self, vcpu: int, thread: int, ticket: int, local_ns: int) -> None:
-        bracket = self._open.pop(self._key(vcpu, thread), None)
-        if bracket is None or bracket.ticket != ticket:
+        key = self._key(vcpu, thread)
+        bracket = self._open.get(key)
+        if bracket is not None and not bracket.outside_looks:
+            del self._open[key]
+        if bracket is None or bracket.outside_looks or bracket.ticket != ticket:
             log.warning("transfer %d ended on vCPU %d, thread %d without its begin: ignored",
                         ticket, vcpu, thread)
             return
@@ -281,6 +331,8 @@ class TransferEngine:
             c.os_taken_back_ns += copy_ns
             c.os_others_ns += bracket.others_ns
             c.os_host_ns += host_ns
+            if thread in self._daemons:  # still on its CPU: until it waits again, or looks
+                self._begin_outside_looks((vcpu, thread), local_ns)
             return
         self._done[ticket] = (start_ns, self.free_ns)
         if len(self._done) > MAX_UNWAITED_TRANSFERS:  # never waited for: forget the oldest

@@ -16,7 +16,7 @@ from cxlssd.firmware.hints import HINT_DEAD, HINT_NEED, MAX_UNWAITED_TRANSFERS, 
 from cxlssd.firmware.live_switching import guest_driven
 from cxlssd.firmware.profile import load_profile
 from cxlssd.firmware.replay import replay_file
-from cxlssd.firmware.request import FLAG_QUERY, REQUEST_DTYPE, MarkerCmd, Op
+from cxlssd.firmware.request import FLAG_POSTED, FLAG_QUERY, REQUEST_DTYPE, MarkerCmd, Op
 from cxlssd.firmware.stream import StreamServer
 from cxlssd.firmware.trace import TraceWriter
 
@@ -310,12 +310,79 @@ def test_what_the_program_runs_while_a_look_blocks_stays_on_its_clock() -> None:
     assert 20_000 + 6_000 + stall(s) == 6_000 + HIT_NS + READ_NS
 
 
-def test_a_daemon_marker_outside_a_look_or_of_another_thread_changes_nothing() -> None:
+def test_another_threads_daemon_marker_changes_nothing() -> None:
     s = server()
-    s.serve(np.concatenate([mark(0, MarkerCmd.DAEMON, DAEMON_OFF, DAEMON),
-                            mark(5_000, MarkerCmd.DAEMON, DAEMON_ON, DAEMON)]))
     look = promotion(10_000, 1, [100], copy_ns=20_000, thread=DAEMON, by_os=True)
     s.serve(np.concatenate([look[:5], mark(12_000, MarkerCmd.DAEMON, DAEMON_OFF, PROGRAM), look[5:]]))
     t = s.transfers.counters
     assert (t.os_switched_out, t.os_others_ns, t.os_taken_back_ns) == (0, 0, 20_000)
     assert stall(s) == -20_000
+
+
+def test_the_daemons_time_on_its_cpu_outside_its_looks_is_taken_back_too() -> None:
+    """The daemon's wake-up (from the switch that gives it the CPU to its look), the gap
+    between two looks and its way back to waiting (its last look's end to the switch that
+    takes the CPU away) are the promotion thread's, not the program's: taken back as a
+    look's work is; a write-back it causes there is the engine's (posted, at the span's
+    start). The program's time before the daemon gets its CPU and after it leaves stays."""
+    s = server()
+    s.serve(record(500, 300 << 12, thread=PROGRAM))  # a cold read: the program's stall
+    program_ns = stall(s)
+    assert program_ns == HIT_NS + READ_NS
+    first = promotion(11_000, 1, [100], copy_ns=20_000, thread=DAEMON, by_os=True)
+    s.serve(np.concatenate([
+        mark(10_000, MarkerCmd.DAEMON, DAEMON_ON, DAEMON),  # woken: 1 000 ns to its look
+        first,
+        record(31_100, 400 << 12, Op.WRITE, FLAG_POSTED, DAEMON),  # an LLC write-back it caused
+        mark(31_335, MarkerCmd.XFER_BEGIN, XFER_BY_OS | 2 << 1, DAEMON),  # it looks again at once
+        mark(31_375, MarkerCmd.XFER_END, 2, DAEMON),
+        mark(32_211, MarkerCmd.DAEMON, DAEMON_OFF, DAEMON),  # back to wait
+    ]))
+    t = s.transfers.counters
+    assert t.os_looks == 2 and t.os_taken_back_ns == 20_000 + 40
+    assert t.os_outside_looks_ns == 1_000 + 335 + 836
+    # the vCPU's clock when the program gets it back: where the daemon got it
+    assert 32_211 + stall(s) == 10_000 + program_ns
+    assert t.foreign_requests == 0
+    before = stall(s)
+    s.serve(record(33_000, 300 << 12 | 64, thread=PROGRAM))  # the program's, after: charged (a hit)
+    assert stall(s) - before == HIT_NS
+
+
+def test_without_daemon_markers_only_the_looks_are_taken_back() -> None:
+    """Without the kernel helper nothing says when the daemon waits: the time between two
+    looks may be anyone's, so it stays on the clock."""
+    s = server()
+    s.serve(np.concatenate([promotion(0, 1, [100], copy_ns=20_000, thread=DAEMON, by_os=True),
+                            promotion(50_000, 2, [101], copy_ns=20_000, thread=DAEMON, by_os=True)]))
+    t = s.transfers.counters
+    assert (t.os_taken_back_ns, t.os_outside_looks_ns) == (40_000, 0)
+    assert stall(s) == -40_000
+
+
+def test_the_read_the_doorbell_interrupted_stays_the_programs() -> None:
+    """The promotion doorbell interrupts the program at a device read; its long-delay answer
+    is settled at the vCPU's next event, which is then the daemon's. The program still waits
+    for that read in full (nothing else of it ran): only the daemon's own time is taken back."""
+    s = server("skybyte-c")
+    s.serve(record(500, 300 << 12, flags=FLAG_QUERY, thread=PROGRAM))  # a cold read
+    assert s.switching.counters.long_delays == 1 and stall(s) == 0  # settled later
+    s.serve(np.concatenate([
+        mark(1_000, MarkerCmd.DAEMON, DAEMON_ON, DAEMON),
+        promotion(2_000, 1, [100], copy_ns=5_000, thread=DAEMON, by_os=True),
+        mark(7_836, MarkerCmd.DAEMON, DAEMON_OFF, DAEMON),
+    ]))
+    assert s.switching.counters.ignored == 1  # charged in full: nothing was switched to
+    assert s.transfers.counters.os_outside_looks_ns == 1_000 + 836
+    assert 7_836 + stall(s) == 1_000 + HIT_NS + READ_NS
+
+
+def test_a_daemon_that_leaves_unmarked_claims_nothing_after() -> None:
+    """On its way out the daemon closes the kernel helper's file before its last switch, so
+    no DAEMON_OFF comes: the program's next request ends the span, nothing is taken back for
+    it, and the program's requests stay the program's."""
+    s = server()
+    s.serve(mark(1_000, MarkerCmd.DAEMON, DAEMON_ON, DAEMON))
+    s.serve(record(9_000, 300 << 12, thread=PROGRAM))
+    assert stall(s) == HIT_NS + READ_NS and not s.transfers.brackets_open
+    assert s.transfers.counters.os_outside_looks_ns == 0 and s.transfers.counters.foreign_requests == 0
