@@ -124,7 +124,7 @@ class FlashBackend:
                 stop_ns = self.storm.stop_ns.get(die)
                 if stop_ns is not None and time_ns < stop_ns:
                     self.storm_top_up(die, time_ns)
-        done = timeline.read(die, time_ns)
+        done = timeline.read(die, time_ns, present=cause != "merge")
         if cause == "merge":
             counters.reads_merge += 1
             return done

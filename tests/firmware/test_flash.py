@@ -42,6 +42,35 @@ def test_host_read_waits_for_one_background_program_not_the_backlog() -> None:
     assert t.background(0, 83000, 0) == 10 * 80000 + 3000
 
 
+def test_a_read_does_not_wait_for_reads_booked_ahead_of_it() -> None:
+    """A log compaction books its merge reads when it starts, each at the time the flush will
+    reach its page; a host read issued before one of them goes first, as the die serves
+    reads as they come (the later one has not been issued yet)."""
+    t = timeline()
+    assert t.read(0, 100_000, present=False) == 103_000  # merge reads booked ahead
+    assert t.read(0, 200_000, present=False) == 203_000
+    assert t.read(0, 10_000) == 13_000  # before both: no wait
+    assert t.read(0, 101_000) == 106_000  # one in progress: waits for it only
+    assert t.read(0, 198_500) == 206_000  # no room before the next one: queues behind it
+    assert t.read(1, 10_000) == 13_000  # other dies as before
+
+
+def test_a_read_in_a_gap_waits_for_the_program_in_progress() -> None:
+    t = timeline()
+    for _ in range(4):
+        t.program(0, 0)  # 320 us of programs from 0
+    assert t.read(0, 400_000, present=False) == 403_000  # a merge read after them
+    # at 1 us the first program runs until 80 us: the read goes next, before the merge read
+    assert t.read(0, 1_000) == 83_000
+
+
+def test_gc_holding_the_die_leaves_no_gap() -> None:
+    t = timeline()
+    assert t.occupy(0, 0, 200_000) == 200_000  # GC work without read priority (FIFO)
+    assert t.read(0, 500_000, present=False) == 503_000  # a merge read booked ahead
+    assert t.read(0, 10_000) == 203_000  # waits for all of the GC work, then fits before it
+
+
 def test_gc_without_read_priority_holds_reads_for_all_of_its_work() -> None:
     # gc.read_priority false: GC work takes the die's timeline and a read queues behind
     # all of it (SkyByte's artifact: GC_IO commands advance the unit's next free time);
