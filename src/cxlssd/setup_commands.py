@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import logging
+import signal
 import subprocess
 import sys
 import tomllib
+from pathlib import Path
 
 from packaging.requirements import Requirement
 
@@ -117,7 +119,30 @@ def run_tests(args: argparse.Namespace) -> int:
             log.error("error: %s found problems (see above)", name)
             return 1
     log.info("== pytest")
-    return subprocess.run([sys.executable, "-m", "pytest", *pytest_args], cwd=checkout).returncode
+    return run_to_its_end([sys.executable, "-m", "pytest", *pytest_args], cwd=checkout)
+
+
+def run_to_its_end(argv: list[str], cwd: Path | None = None) -> int:
+    """Run ``argv`` and wait for it to end, also when interrupted: Ctrl-C reaches the child
+    as well (the terminal signals the whole process group) and it stops its guests and
+    removes its runtime files before it exits, which ``subprocess.run`` would cut short by
+    killing it. A SIGTERM or SIGHUP of ours is passed on to it as SIGINT; a SIGINT sent to
+    this process alone is not (send it to the process group)."""
+    child = subprocess.Popen(argv, cwd=cwd)
+
+    def pass_on(signum: int, frame: object) -> None:
+        child.send_signal(signal.SIGINT)
+
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {signum: signal.getsignal(signum) for signum in handled}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, pass_on)
+    signal.signal(signal.SIGHUP, pass_on)
+    try:
+        return child.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def selects_guest_tests(pytest_args: list[str]) -> bool:
