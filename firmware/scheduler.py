@@ -46,7 +46,8 @@ from __future__ import annotations
 
 import bisect
 
-#: foreground operations a die remembers for the gaps between them (the oldest go first)
+#: foreground operations a die remembers for the gaps between them (the oldest go first;
+#: ours: a bound on memory, far above the few a die has booked ahead at once)
 MAX_BOOKED = 64
 
 
