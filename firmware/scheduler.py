@@ -192,10 +192,16 @@ class FlashTimeline:
             done = max(done, self.channel_busy_ns[channel]) + self.transfer_ns
             self.channel_busy_ns[channel] = done
         self.fg_busy_ns[die] = done  # the die's page register holds the data until then
-        booked.append((start, done))
-        if len(booked) > MAX_BOOKED:  # (a die only merge reads go to: nothing prunes it)
-            del booked[0]
+        self._book(die, start, done)
         return done
+
+    def _book(self, die: int, start_ns: int, end_ns: int) -> None:
+        """Remember foreground work booked last on ``die`` (bounded: a die that only
+        merge reads or GC go to has no host read to forget what is over)."""
+        booked = self._booked[die]
+        booked.append((start_ns, end_ns))
+        if len(booked) > MAX_BOOKED:
+            del booked[0]
 
     def background(self, die: int, time_ns: int, work_ns: int) -> int:
         """Queue ``work_ns`` of background work on ``die``; returns its estimated end."""
@@ -215,7 +221,7 @@ class FlashTimeline:
         self._drain(die, time_ns)
         start = max(self.fg_busy_ns[die], time_ns)
         self.fg_busy_ns[die] = start + work_ns
-        self._booked[die].append((start, start + work_ns))
+        self._book(die, start, start + work_ns)
         return self.fg_busy_ns[die]
 
     def gc_work_ns(self, die: int, *, copies: int = 0, reads_out: int = 0, programs_in: int = 0,

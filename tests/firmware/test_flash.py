@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from cxlssd.firmware.flash import FlashBackend
 from cxlssd.firmware.ftl import GC_VICTIM_POLICIES, PLACEMENTS, GcResult, PageFtl, StripedPlacement
-from cxlssd.firmware.scheduler import FlashTimeline
+from cxlssd.firmware.scheduler import MAX_BOOKED, FlashTimeline
 
 
 def timeline(**kw) -> FlashTimeline:
@@ -69,6 +69,17 @@ def test_gc_holding_the_die_leaves_no_gap() -> None:
     assert t.occupy(0, 0, 200_000) == 200_000  # GC work without read priority (FIFO)
     assert t.read(0, 500_000, present=False) == 503_000  # a merge read booked ahead
     assert t.read(0, 10_000) == 203_000  # waits for all of the GC work, then fits before it
+
+
+def test_a_die_without_host_reads_remembers_a_bounded_number_of_bookings() -> None:
+    """Merge reads and FIFO GC work book their intervals; no host read comes to forget
+    those that are over, so the die keeps only the last MAX_BOOKED."""
+    t = timeline()
+    for i in range(3 * MAX_BOOKED):
+        t.read(0, i * 10_000, present=False)
+        t.occupy(1, i * 10_000, 5_000)
+    assert len(t._booked[0]) == len(t._booked[1]) == MAX_BOOKED
+    assert t._booked[1][-1] == ((3 * MAX_BOOKED - 1) * 10_000, (3 * MAX_BOOKED - 1) * 10_000 + 5_000)
 
 
 def test_gc_without_read_priority_holds_reads_for_all_of_its_work() -> None:
