@@ -42,7 +42,7 @@ from cxlssd.errors import ConfigError, GuestTimeout, InputError
 from cxlssd.experiments.scenario import QmpScenario
 from cxlssd.experiments.spec import Experiment, Point, TraceWorkload
 from cxlssd.firmware.profile import load_profile
-from cxlssd.firmware.replay import replay_file
+from cxlssd.firmware.replay import replay_file, with_recorded_device
 from cxlssd.firmware.synth import generate
 from cxlssd.firmware.trace import TraceReader, TraceWriter
 from cxlssd.lifecycle import LockHeld, exclusive_lock
@@ -195,7 +195,7 @@ def replay_row(point: Point, trace: Path, overrides: list[str]) -> dict[str, Any
     """One replay results row. A trace with ROI markers (a recorded live run) gives its
     ROIs' modelled time, like the live point; one without (synthetic) the modelled
     end of its last request, with no local part (a replay has no CPU counters)."""
-    result = replay_file(trace, load_profile(point.design, overrides))
+    result = replay_file(trace, load_profile(point.design, with_recorded_device(trace, overrides)))
     rois = result["rois"]
     if rois:
         totals = roi_totals(rois)

@@ -12,7 +12,7 @@ from cxlssd.abi.ring import RingError
 from cxlssd.errors import ConfigError, FirmwareError, InputError
 from cxlssd.firmware import bench
 from cxlssd.firmware.profile import available_profiles, load_profile
-from cxlssd.firmware.replay import replay_file, summary_lines
+from cxlssd.firmware.replay import replay_file, summary_lines, with_recorded_device
 from cxlssd.firmware.serve import serve
 from cxlssd.firmware.synth import PATTERNS, SynthSpec, generate
 from cxlssd.firmware.trace import TraceReader, TraceWriter
@@ -113,9 +113,9 @@ def _spec(args: argparse.Namespace) -> SynthSpec:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    profile = load_profile(args.design, args.overrides)
     if not Path(args.trace).is_file():
         raise InputError(f"trace {args.trace} does not exist; make one with `cxlssd trace synth`")
+    profile = load_profile(args.design, with_recorded_device(args.trace, args.overrides))
     if args.out:
         check_writable_output(args.out, "results")  # before the replay, not after it
     result = replay_file(args.trace, profile, vectorize=not args.no_vectorize, as_threads=args.as_threads)

@@ -24,6 +24,20 @@ from cxlssd.firmware.threads import ThreadedReplay, guest_threads
 from cxlssd.firmware.trace import TraceReader
 
 
+def with_recorded_device(path: str | Path, overrides: Sequence[str]) -> list[str]:
+    """``overrides`` with, first, the device a live recording's guest saw: the logical
+    capacity the live firmware took from the CXL window (``device.capacity_bytes``,
+    which sizes the flash and so when GC starts). A design's profile has its own (8 GiB),
+    so a replay without this does not equal the live run once the run collects garbage;
+    an override of the key given by the caller still wins (it comes later)."""
+    profile = TraceReader(path).metadata.get("profile")
+    device = profile.get("device") if isinstance(profile, dict) else None
+    capacity = device.get("capacity_bytes") if isinstance(device, dict) else None
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
+        return list(overrides)
+    return [f"device.capacity_bytes={capacity}", *overrides]
+
+
 def replay(
     controller: Controller, chunks: Iterable[np.ndarray], switching: LiveContextSwitch | None = None
 ) -> dict[str, Any]:

@@ -8,6 +8,8 @@ import struct
 import pytest
 
 from cxlssd.cli import main
+from cxlssd.firmware.replay import with_recorded_device
+from cxlssd.firmware.trace import TraceReader, TraceWriter
 
 SMALL_SETS = ["--set", "device.capacity_bytes=64MiB", "--set", "ssd_dram.size_bytes=1MiB",
               "--set", "write_log.size_bytes=128KiB"]
@@ -106,3 +108,29 @@ def test_replay_with_the_artifacts_gc_collects_lines_and_holds_reads(tmp_path) -
     assert queued["die", "false"] > queued["die", "true"]
     stall = {key: r["stalls"]["stall_ns_total"] for key, r in results.items()}
     assert stall["die", "false"] > stall["die", "true"]
+
+
+def test_replaying_a_recording_keeps_the_device_the_guest_saw(trace, tmp_path) -> None:
+    """A live recording carries its profile; the device's capacity (the CXL window, which
+    sizes the flash and so when GC starts) is the recording's, not the named design's
+    8 GiB, unless the caller sets it."""
+    writes = tmp_path / "writes.trace"
+    assert main(["trace", "synth", str(writes), "--requests", "60000", "--footprint", "8MiB",
+                 "--write-fraction", "0.9"]) == 0
+    records = TraceReader(writes).read_all()
+    recorded = tmp_path / "recorded.trace"
+    with TraceWriter(recorded, {"source": "live", "profile": {"device": {"capacity_bytes": 8 << 20}}}) as w:
+        w.write(records)
+    sets = ["--design", "base-cssd", "--set", "ssd_dram.size_bytes=1MiB"]
+    results = {}
+    for name, extra in {"recorded": [], "override": ["--set", "device.capacity_bytes=64MiB"]}.items():
+        out = tmp_path / f"{name}.json"
+        assert main(["replay", str(recorded), *sets, *extra, "--out", str(out)]) == 0
+        results[name] = json.loads(out.read_text())
+    assert results["recorded"]["profile"]["device"]["capacity_bytes"] == 8 << 20
+    assert results["override"]["profile"]["device"]["capacity_bytes"] == 64 << 20
+    erases = {name: r["counters"]["flash"]["erases_gc"] for name, r in results.items()}
+    print(f"GC erases: {erases}")
+    assert erases["recorded"] > erases["override"]  # the small drive collects garbage
+    # a synthetic trace has no recorded device: the design's own
+    assert with_recorded_device(trace, ["cache.ways=8"]) == ["cache.ways=8"]

@@ -27,7 +27,7 @@ from cxlssd.errors import ConfigError, FirmwareError, GuestError, PlacementError
 from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.knobs import FlashLatency, LatencySpike
 from cxlssd.firmware.profile import Profile, load_profile
-from cxlssd.firmware.replay import replay_file
+from cxlssd.firmware.replay import replay_file, with_recorded_device
 from cxlssd.firmware.request import Op
 from cxlssd.guest.runtime.install import with_guest_env
 from cxlssd.lifecycle import ProcessId
@@ -153,6 +153,16 @@ def test_replaying_the_recorded_run_gives_the_live_answers(cache_hit_runs: list[
     assert replayed["stalls"] == results["stalls"]
     live_roi = {k: v for k, v in results["rois"][0].items() if k != "cpu"}
     assert replayed["rois"] == [live_roi]
+
+
+def test_a_recording_replayed_by_its_design_name_gets_the_live_device(cache_hit_runs: list[Any]) -> None:
+    """`cxlssd replay TRACE --design base-cssd` resolves the design's profile, whose device
+    (8 GiB) is not the CXL window the live firmware sized its flash by: the recording
+    carries the window's capacity and the replay takes it."""
+    profile: Profile = cache_hit_runs[1][2]
+    trace: Path = cache_hit_runs[2]
+    assert load_profile("base-cssd").tree != profile.tree
+    assert load_profile("base-cssd", with_recorded_device(trace, [])).tree == profile.tree
 
 
 def test_cxl_node_all_flash_reads_at_the_configured_latency(default_platform: Platform) -> None:
