@@ -121,14 +121,26 @@ def test_binary_contains_the_roi_markers(runtime: Path, name: str) -> None:
 
 def test_graph_bfs_default(runtime: Path) -> None:
     data = report(runtime, "graph")
-    assert data["params"] == {"kernel": "bfs", "vertices": 65536, "degree": 16, "threads": 1, "seed": 1,
-                              "roi": 1}
+    assert data["params"] == {"kernel": "bfs", "vertices": 65536, "degree": 16, "warm_passes": 0, "threads": 1,
+                              "seed": 1, "roi": 1}
     # Chung-Lu with mean degree 16: nearly every vertex is in the hub's component, a few levels deep.
     assert 0.95 * 65536 < data["reached"] <= 65536 and 3 <= data["levels"] <= 10
     assert 0.99 * 65536 * 8 < data["edges"] <= 65536 * 8
     assert data["edges_scanned"] <= 2 * data["edges"]
     # offsets, adjacency, level, queue
     assert data["footprint_bytes"] == 8 * 65537 + 4 * 2 * data["edges"] + 8 * 65536
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_graph_bfs_after_warm_passes_gives_the_same_levels(runtime: Path, threads: str) -> None:
+    """Unmeasured passes before the ROI (as SkyByte's artifact warms up before it measures)
+    leave the measured pass the same work: the levels are reset after each."""
+    args = ("--footprint", "1M", "--threads", threads)
+    cold = report(runtime, "graph", *args)
+    warm = report(runtime, "graph", *args, "--warm-passes", "2")
+    assert warm["params"]["warm_passes"] == 2
+    for key in ("reached", "levels", "edges_scanned", "checksum"):
+        assert warm[key] == cold[key], key
 
 
 def test_graph_bc_from_a_footprint(runtime: Path) -> None:
@@ -362,6 +374,8 @@ BAD_ARGUMENTS = [(name, args, message) for name in WORKLOADS for args, message i
     ("graph", ["--kernel", "bc", "--vertices", "10", "--sources", "11"], "more than the 10 vertices"),
     ("graph", ["--footprint", "100"], "--footprint 100 is too small"),
     ("graph", ["--degree", "0"], "--degree 0: must be 1..65536"),
+    ("graph", ["--kernel", "bc", "--warm-passes", "1"], "--warm-passes is for --kernel bfs"),
+    ("graph", ["--warm-passes", "17"], "--warm-passes 17: must be 0..16"),
     ("radix", ["--footprint", "8"], "--footprint 8 is too small"),
     ("radix", ["--keys", "0"], "--keys 0: must be 1.."),
     ("srad", ["--lambda", "1.5"], "--lambda 1.5: must be strictly between 0 and 1"),
