@@ -121,8 +121,8 @@ def test_binary_contains_the_roi_markers(runtime: Path, name: str) -> None:
 
 def test_graph_bfs_default(runtime: Path) -> None:
     data = report(runtime, "graph")
-    assert data["params"] == {"kernel": "bfs", "vertices": 65536, "degree": 16, "warm_passes": 0, "threads": 1,
-                              "seed": 1, "roi": 1}
+    assert data["params"] == {"kernel": "bfs", "vertices": 65536, "degree": 16, "warm_passes": 0,
+                              "threads": 1, "seed": 1, "roi": 1}
     # Chung-Lu with mean degree 16: nearly every vertex is in the hub's component, a few levels deep.
     assert 0.95 * 65536 < data["reached"] <= 65536 and 3 <= data["levels"] <= 10
     assert 0.99 * 65536 * 8 < data["edges"] <= 65536 * 8
