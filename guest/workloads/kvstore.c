@@ -12,12 +12,13 @@
  * --roi (1) is the operations (not the load). With --threads T, T POSIX threads share the
  * operations, each with an operation sequence of its own (thread 0's is the one-thread
  * sequence), a record read or written under its stripe's mutex (4096 stripes), as clients
- * of a store do.
+ * of a store do. --warm-passes N runs the same operations N times before the ROI,
+ * unmeasured: SkyByte's artifact measures a pass of its trace after a warm-up pass of it.
  *
  * Each value carries its version and a hash of key, version and value bytes. Self-check:
  * every read found its key with an intact value (checked as it is read), and the
- * versions the reads returned, hashed in order, equal those of a replay of the operation
- * sequence against a shadow array of versions, i.e. every read returned the value last
+ * versions the ROI's reads returned, hashed in order, equal those of a replay of the operation
+ * sequence (every pass) against a shadow array of versions, i.e. every read returned the value last
  * written for its key; after the run every record holds its last version, intact, and is
  * found through the index. With threads, which version a read returns depends on how the
  * threads interleave: every read must still find an intact value, and every record must
@@ -56,16 +57,17 @@ _Static_assert(sizeof(struct record) == 128, "a record is two cache lines");
 
 static const char USAGE[] =
     "usage: kvstore [--records N | --footprint BYTES] [--ops M] [--mix a|b|c] [--theta T]\n"
-    "               [--threads T] [--seed S] [--roi ID]\n"
+    "               [--threads T] [--warm-passes N] [--seed S] [--roi ID]\n"
     "  --records     records of a 64-bit key and a 100-byte value (default 100000)\n"
     "  --footprint   pick the records so that records and index (160 bytes a record) fit BYTES\n"
     "  --ops         operations in the measured phase (default 200000)\n"
     "  --mix         YCSB mix: a = 50% reads / 50% updates, b = 95/5, c = 100/0 (default a)\n"
     "  --theta       zipfian constant, 0 < T < 1 (default 0.99)\n"
-    "  --threads     POSIX threads sharing the operations, each its own sequence (default 1)\n" WL_COMMON_USAGE;
+    "  --threads     POSIX threads sharing the operations, each its own sequence (default 1)\n"
+    "  --warm-passes unmeasured runs of the same operations before the ROI (default 0)\n" WL_COMMON_USAGE;
 
 struct options {
-    uint64_t records, ops, threads;
+    uint64_t records, ops, threads, warm_passes;
     unsigned mix; /* enum mix */
     double theta;
     struct wl_common common;
@@ -81,6 +83,7 @@ static struct options parse_options(int argc, char **argv)
         WL_CHOICE("mix", &opt.mix, MIXES),
         WL_REAL("theta", &opt.theta, 0, 1),
         WL_COUNT("threads", &opt.threads, 1, WL_MAX_THREADS),
+        WL_COUNT("warm-passes", &opt.warm_passes, 0, 16),
         WL_END,
     };
     wl_parse(argc, argv, options, &opt.common);
@@ -276,25 +279,28 @@ static void run_thread(uint64_t k, void *shared)
     t->runs[k] = run_ops(t->store, t->ops[k], ops_of(t->opt, k));
 }
 
-/* Replay every thread's operations against a shadow array of versions; then every record must
- * hold its last version, intact, and be found through the index. With one thread the reads
- * must have returned, in order, the versions the replay gives them. Sets *checksum: the
- * reads' hash with one thread, the final versions' with more. */
+/* Replay every thread's operations, every pass, against a shadow array of versions; then every
+ * record must hold its last version, intact, and be found through the index. With one thread
+ * the ROI's reads must have returned, in order, the versions the replay gives them. Sets
+ * *checksum: the ROI's reads' hash with one thread, the final versions' with more. */
 static bool check_run(const struct store *s, const struct options *opt, const struct ops *ops, uint64_t n,
                       const struct run *run, uint64_t *checksum)
 {
     uint32_t *versions = wl_alloc(n * sizeof(uint32_t));
     uint64_t hash = 0, reads = 0;
-    for (uint64_t k = 0; k < opt->threads; k++) {
-        struct ops o = ops[k];
-        for (uint64_t op = 0; op < ops_of(opt, k); op++) {
-            bool read;
-            const uint64_t item = next_op(&o, &read);
-            if (read) {
-                hash = read_hash(hash, item, versions[item]);
-                reads++;
-            } else {
-                versions[item]++;
+    for (uint64_t pass = 0; pass <= opt->warm_passes; pass++) {
+        hash = reads = 0; /* the ROI's (the last pass's) */
+        for (uint64_t k = 0; k < opt->threads; k++) {
+            struct ops o = ops[k];
+            for (uint64_t op = 0; op < ops_of(opt, k); op++) {
+                bool read;
+                const uint64_t item = next_op(&o, &read);
+                if (read) {
+                    hash = read_hash(hash, item, versions[item]);
+                    reads++;
+                } else {
+                    versions[item]++;
+                }
             }
         }
     }
@@ -330,15 +336,22 @@ int main(int argc, char **argv)
     for (unsigned i = 0; opt.threads > 1 && i < LOCK_STRIPES; i++)
         pthread_mutex_init(&stripes[i], NULL);
     struct threads_run threads = {.store = &s, .ops = ops, .opt = &opt, .runs = runs};
+    uint64_t warm_failures = 0; /* a warm pass's reads are checked as the ROI's are */
+    for (uint64_t pass = 0; pass <= opt.warm_passes; pass++) {
+        const bool roi = pass == opt.warm_passes;
+        if (roi)
+            wl_roi_begin(&opt.common);
+        if (opt.threads > 1)
+            wl_run_threads(opt.threads, run_thread, &threads, NULL);
+        else
+            runs[0] = run_ops(&s, ops[0], opt.ops);
+        if (roi)
+            wl_roi_end(&opt.common, &s.records[n / 2].check, sizeof s.records[0].check);
+        for (uint64_t k = 0; !roi && k < opt.threads; k++)
+            warm_failures += runs[k].failures;
+    }
 
-    wl_roi_begin(&opt.common);
-    if (opt.threads > 1)
-        wl_run_threads(opt.threads, run_thread, &threads, NULL);
-    else
-        runs[0] = run_ops(&s, ops[0], opt.ops);
-    wl_roi_end(&opt.common, &s.records[n / 2].check, sizeof s.records[0].check);
-
-    struct run run = {0};
+    struct run run = {.failures = warm_failures};
     for (uint64_t k = 0; k < opt.threads; k++) {
         run.reads += runs[k].reads;
         run.updates += runs[k].updates;
@@ -354,6 +367,7 @@ int main(int argc, char **argv)
     wl_json_str(&j, "mix", MIXES[opt.mix]);
     wl_json_real(&j, "theta", opt.theta);
     wl_json_u64(&j, "threads", opt.threads);
+    wl_json_u64(&j, "warm_passes", opt.warm_passes);
     wl_json_u64(&j, "value_bytes", VALUE_BYTES);
     wl_report_data(&j, &opt.common);
     wl_json_u64(&j, "reads", run.reads);

@@ -20,7 +20,9 @@
  * Order-Status, Delivery and Stock-Level 4 % each), each one SQLite transaction of prepared
  * statements, with TPC-C's input distributions (NURand customers and items, 60 % of Payment
  * and Order-Status customers by last name, 1 % of New-Orders rolled back on an unused item,
- * 1 % remote supply and 15 % remote customers when W > 1), from a fixed seed.
+ * 1 % remote supply and 15 % remote customers when W > 1), from a fixed seed. --warm-passes P
+ * runs P x N transactions before the ROI, unmeasured, from the same generator (a ramp-up, as
+ * TPC-C's runs have; SkyByte's artifact measures a pass of its trace after a warm-up pass).
  *
  * With --threads T the warehouses are partitioned among T POSIX threads, as main-memory OLTP
  * engines run TPC-C (H-Store, DBx1000: a partition of warehouses a thread): thread k owns a
@@ -35,7 +37,7 @@
  * SQL queries, none may find a violation; and the work the transactions committed, as
  * counted by the program (orders, order lines, payments and their amounts, deliveries,
  * stock quantities), must be in the database (both for every partition). The checksum
- * hashes every transaction's results in order (a thread's, and with threads their hashes
+ * hashes every transaction's results in order, the warm passes' too (a thread's, and with threads their hashes
  * in thread order). One JSON line on stdout; exit 0, 1 if the check failed (or SQLite
  * failed), 2 for a usage error.
  */
@@ -63,7 +65,7 @@
  * The database's size, measured (page_count x page_size after the load, `--customers` and
  * `--items` varied): the model --footprint inverts and the page cache is sized from.
  * A customer brings its row and name index entry, its history row, its initial order and
- * that order's ~10 order lines; a warehouse a stock row an item; the ROI's transactions
+ * that order's ~10 order lines; a warehouse a stock row an item; the transactions (warm and ROI)
  * add orders, order lines and history rows.
  */
 #define BYTES_PER_ITEM 67u
@@ -94,7 +96,7 @@
 
 static const char USAGE[] =
     "usage: tpcc [--warehouses W | --footprint BYTES] [--customers C] [--items I]\n"
-    "            [--transactions N] [--threads T] [--seed S] [--roi ID]\n"
+    "            [--transactions N] [--threads T] [--warm-passes P] [--seed S] [--roi ID]\n"
     "  --warehouses    warehouses (default 1)\n"
     "  --footprint     pick the warehouses so that the database and SQLite's heap fit BYTES\n"
     "                  (~8 MiB a warehouse at the default scale)\n"
@@ -103,10 +105,11 @@ static const char USAGE[] =
     "                  TPC-C: 100000)\n"
     "  --transactions  transactions of the TPC-C mix in the measured phase (default 100)\n"
     "  --threads       POSIX threads, each running its share of the transactions on a database\n"
-    "                  of its own partition of the warehouses, 1..W (default 1)\n" WL_COMMON_USAGE;
+    "                  of its own partition of the warehouses, 1..W (default 1)\n"
+    "  --warm-passes   P x N transactions before the ROI, unmeasured (default 0)\n" WL_COMMON_USAGE;
 
 struct options {
-    uint64_t warehouses, customers, items, transactions, threads;
+    uint64_t warehouses, customers, items, transactions, threads, warm_passes;
     uint64_t slot_bytes; /* a page cache slot: a page and SQLite's header for it */
     struct wl_common common;
 };
@@ -119,6 +122,12 @@ static uint64_t database_bytes(uint64_t warehouses, uint64_t partitions, uint64_
     return partitions * (BYTES_FIXED + items * BYTES_PER_ITEM) +
            warehouses * (items * BYTES_PER_STOCK + DISTRICTS * customers * BYTES_PER_CUSTOMER) +
            transactions * BYTES_PER_TRANSACTION;
+}
+
+/* The transactions of a run, the warm passes' and the ROI's: what the databases must hold. */
+static uint64_t transactions_in_run(const struct options *opt, uint64_t roi_transactions)
+{
+    return roi_transactions * (1 + opt->warm_passes);
 }
 
 /* The page cache's pages: the databases', with slack. */
@@ -151,7 +160,8 @@ static uint64_t slot_bytes(void)
 /* The data's bytes: the page cache and SQLite's heap (schema, statements: a connection a thread). */
 static uint64_t footprint_bytes(uint64_t warehouses, const struct options *opt)
 {
-    return page_cache_pages(warehouses, opt->threads, opt->customers, opt->items, opt->transactions) *
+    return page_cache_pages(warehouses, opt->threads, opt->customers, opt->items,
+                            transactions_in_run(opt, opt->transactions)) *
                (opt->slot_bytes + HEAP_BYTES_PER_PAGE) + opt->threads * HEAP_BYTES;
 }
 
@@ -166,6 +176,7 @@ static struct options parse_options(int argc, char **argv)
         WL_SIZE("items", &opt.items, 100, MAX_ITEMS),
         WL_SIZE("transactions", &opt.transactions, 0, UINT32_MAX),
         WL_COUNT("threads", &opt.threads, 1, WL_MAX_THREADS),
+        WL_COUNT("warm-passes", &opt.warm_passes, 0, 16),
         WL_END,
     };
     wl_parse(argc, argv, options, &opt.common);
@@ -1127,7 +1138,8 @@ static int create_shared(const struct tpcc *parts, const struct options *opt, st
     for (uint64_t k = 0; k < opt->threads; k++)
         offset[k + 1] = offset[k] + 2 * PAGE_BYTES *
                                         (int64_t)page_cache_pages((uint64_t)parts[k].warehouses, 1, opt->customers,
-                                                                  opt->items, parts[k].transactions);
+                                                                  opt->items,
+                                                                  transactions_in_run(opt, parts[k].transactions));
     const int64_t bytes = offset[opt->threads];
     const int fd = memfd_create("tpcc", 0);
     if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0)
@@ -1325,7 +1337,8 @@ int main(int argc, char **argv)
 
     /* The page cache, every partition's: at most ~2^28 pages within the options' limits, an int for SQLite. */
     const uint64_t pages =
-        page_cache_pages(opt.warehouses, opt.threads, opt.customers, opt.items, opt.transactions);
+        page_cache_pages(opt.warehouses, opt.threads, opt.customers, opt.items,
+                         transactions_in_run(&opt, opt.transactions));
     struct shared *shared;
     const int fd = create_shared(parts, &opt, &shared);
     run_child("load", fd, argv);
@@ -1346,11 +1359,14 @@ int main(int argc, char **argv)
     heap_status(&heap, &heap_peak);
     wl_count_alloc(heap);
 
-    wl_roi_begin(&opt.common);
-    if (opt.threads > 1)
-        wl_run_threads(opt.threads, run_thread, parts, NULL);
-    else
-        run_transactions(&parts[0], opt.transactions);
+    for (uint64_t pass = 0; pass <= opt.warm_passes; pass++) {
+        if (pass == opt.warm_passes)
+            wl_roi_begin(&opt.common);
+        if (opt.threads > 1)
+            wl_run_threads(opt.threads, run_thread, parts, NULL);
+        else
+            run_transactions(&parts[0], opt.transactions);
+    }
     wl_roi_end(&opt.common, &parts[0].totals.payment_cents, sizeof parts[0].totals.payment_cents);
 
     heap_status(&heap, &heap_peak);
@@ -1381,6 +1397,7 @@ int main(int argc, char **argv)
     wl_json_u64(&j, "items", opt.items);
     wl_json_u64(&j, "transactions", opt.transactions);
     wl_json_u64(&j, "threads", opt.threads);
+    wl_json_u64(&j, "warm_passes", opt.warm_passes);
     wl_report_data(&j, &opt.common);
     const struct totals *r = &totals;
     wl_json_u64(&j, "new_order", r->new_orders + r->rollbacks);

@@ -143,6 +143,35 @@ def test_graph_bfs_after_warm_passes_gives_the_same_levels(runtime: Path, thread
         assert warm[key] == cold[key], key
 
 
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_radix_after_warm_passes_sorts_the_same_keys(runtime: Path, threads: str) -> None:
+    """A warm pass sorts the keys, which are written again before the next sort: the ROI
+    sorts the same input to the same result."""
+    args = ("--keys", "10000", "--threads", threads)
+    cold = report(runtime, "radix", *args)
+    warm = report(runtime, "radix", *args, "--warm-passes", "2")
+    assert warm["params"]["warm_passes"] == 2
+    for key in ("min_key", "max_key", "checksum"):
+        assert warm[key] == cold[key], key
+
+
+def test_kvstore_after_warm_passes_replays_the_same_operations(runtime: Path) -> None:
+    """A warm pass runs the ROI's operations once more before it: reads alone leave the
+    versions as they were (the ROI's reads return what a cold run's do); with updates the
+    ROI reads the versions the warm pass left, which the self-check's replay of both passes
+    confirms (report() asserts it), also with threads."""
+    args = ("--records", "2000", "--ops", "20000")
+    reads_only = [report(runtime, "kvstore", *args, "--mix", "c", *warm)
+                  for warm in ((), ("--warm-passes", "1"))]
+    assert reads_only[1]["params"]["warm_passes"] == 1 and reads_only[1]["reads"] == 20000
+    assert reads_only[0]["checksum"] == reads_only[1]["checksum"]
+    for threads in ("1", "3"):
+        cold = report(runtime, "kvstore", *args, "--threads", threads)
+        warm = report(runtime, "kvstore", *args, "--threads", threads, "--warm-passes", "2")
+        assert warm["reads"] + warm["updates"] == 20000 and warm["failures"] == 0
+        assert warm["checksum"] != cold["checksum"]  # later versions
+
+
 def test_graph_bc_from_a_footprint(runtime: Path) -> None:
     data = report(runtime, "graph", "--kernel", "bc", "--footprint", "1M", "--degree", "8", "--sources", "3")
     params = data["params"]
@@ -158,7 +187,8 @@ def test_radix(runtime: Path) -> None:
     assert data["params"]["keys"] == 2**20 and data["footprint_bytes"] == 16 * 2**20
     assert data["sorted"] is True and data["passes"] == 8 and data["min_key"] <= data["max_key"]
     data = report(runtime, "radix", "--footprint", "1M", "--seed", "9", "--roi", "7")
-    assert data["params"] == {"keys": 65536, "threads": 1, "footprint": 2**20, "seed": 9, "roi": 7}
+    assert data["params"] == {"keys": 65536, "threads": 1, "warm_passes": 0, "footprint": 2**20, "seed": 9,
+                              "roi": 7}
     single = report(runtime, "radix", "--keys", "1")
     assert single["min_key"] == single["max_key"] and single["sorted"] is True
 
@@ -264,7 +294,8 @@ def test_kvstore_threads_share_the_operations_and_end_at_the_same_versions(runti
 
 
 TPCC_DEFAULT_PARAMS = {
-    "warehouses": 1, "customers": 300, "items": 10000, "transactions": 100, "threads": 1, "seed": 1, "roi": 1,
+    "warehouses": 1, "customers": 300, "items": 10000, "transactions": 100, "threads": 1, "warm_passes": 0,
+    "seed": 1, "roi": 1,
 }
 TPCC_KINDS = ("new_order", "payment", "order_status", "delivery", "stock_level")
 
@@ -289,6 +320,19 @@ def test_tpcc_mix_and_work(runtime: Path) -> None:
     assert 0 < data["rollbacks"] < 0.04 * data["new_order"]
     assert 5 * committed <= data["order_lines"] <= 15 * committed
     assert 0 < data["delivered_orders"] <= 10 * data["delivery"]
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_tpcc_warm_passes_run_before_the_roi_from_the_same_generator(runtime: Path, threads: str) -> None:
+    """--warm-passes 1 with N transactions runs what 2N transactions run (the same generator
+    continues into the ROI): the same counts and checksum; the database holds both passes'
+    work (self-check passed: report() asserts it)."""
+    args = ("--warehouses", "2", "--customers", "30", "--items", "1000", "--threads", threads)
+    warm = report(runtime, "tpcc", *args, "--transactions", "40", "--warm-passes", "1")
+    whole = report(runtime, "tpcc", *args, "--transactions", "80")
+    assert warm["params"]["warm_passes"] == 1 and warm["params"]["transactions"] == 40
+    for key in (*TPCC_KINDS, "order_lines", "delivered_orders", "checksum"):
+        assert warm[key] == whole[key], key
 
 
 def test_tpcc_warehouses_from_a_footprint_and_remote_work(runtime: Path) -> None:
@@ -376,6 +420,9 @@ BAD_ARGUMENTS = [(name, args, message) for name in WORKLOADS for args, message i
     ("graph", ["--degree", "0"], "--degree 0: must be 1..65536"),
     ("graph", ["--kernel", "bc", "--warm-passes", "1"], "--warm-passes is for --kernel bfs"),
     ("graph", ["--warm-passes", "17"], "--warm-passes 17: must be 0..16"),
+    ("kvstore", ["--warm-passes", "17"], "--warm-passes 17: must be 0..16"),
+    ("radix", ["--warm-passes", "-1"], "--warm-passes: '-1' is not a valid count"),
+    ("tpcc", ["--warm-passes", "17"], "--warm-passes 17: must be 0..16"),
     ("radix", ["--footprint", "8"], "--footprint 8 is too small"),
     ("radix", ["--keys", "0"], "--keys 0: must be 1.."),
     ("srad", ["--lambda", "1.5"], "--lambda 1.5: must be strictly between 0 and 1"),
