@@ -262,6 +262,7 @@ class Controller:
             write_log = WriteLog(
                 device_pages, log_bytes // p["write_log.entry_bytes"],
                 p["write_log.flush_threshold"], cache, flash, p["write_log.compact_to"],
+                p["write_log.flush_at_roi_begin"],
             )
         migration = None
         if p["migration.enabled"]:
@@ -415,6 +416,11 @@ class Controller:
     def now_ns(self) -> int:
         """The firmware's clock: the latest request start it has seen."""
         return self._clock_ns
+
+    def roi_begins(self, time_ns: int) -> None:
+        """A ROI begins at device time ``time_ns`` (the write log's ``flush_at_roi_begin``)."""
+        if self.log is not None:
+            self.log.roi_begins(time_ns)
 
     def vcpu_stall_ns(self, vcpu: int) -> int:
         """The stall charged to ``vcpu`` so far (what its modelled clock adds to

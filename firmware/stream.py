@@ -261,6 +261,8 @@ class StreamServer:
         cpu = self.cpu_counters(marker.event) if self.cpu_counters is not None else None
         key = (marker.roi, vcpu)
         if marker.cmd == MarkerCmd.ROI_BEGIN:
+            # after the snapshot: a flush at the ROI's start is the ROI's work
+            self.controller.roi_begins(marker.local_ns + marker.stall_ns)
             if key in self._open:
                 log.warning("ROI %d began again on vCPU %d before it ended: the earlier begin is dropped",
                             marker.roi, vcpu)

@@ -22,6 +22,12 @@ Until the flush has gone past its page, a line being flushed is still read from 
 log (:meth:`WriteLog.contains`), as the artifact's index keeps a page's entries until
 its flush reaches them.
 
+With ``flush_at_roi_begin`` a ROI starts from an empty log: the whole log is compacted
+when the ROI begins, its merge reads and programs booked on the dies from then on, as
+SkyByte's artifact starts its measured pass (main.cc ``flush_log_region_warmup`` after
+the warm-up pass; ftl.cc ``warmup_write_log`` replays that flush's reads and programs on
+the units at time 0 of the measured run).
+
 ``program_interval_ns`` (0: off; the ``flush-throttle`` knob) throttles compaction to
 at most one page program per interval: the i-th page of a compaction then gives its
 entries back no sooner than i x interval after it starts.
@@ -54,6 +60,7 @@ class LogCounters:
     cached_pages: int = 0  # ... merged with their cached copy (no merge read)
     full_stalls: int = 0  # appends that waited for space
     full_stall_ns: int = 0
+    roi_flushes: int = 0  # compactions of the whole log at a ROI's beginning
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -70,8 +77,10 @@ class WriteLog:
         cache: DataCache,
         flash: FlashBackend,
         compact_to: float = 0.0,
+        flush_at_roi_begin: bool = False,
     ) -> None:
         self.capacity = capacity_entries
+        self.flush_at_roi_begin = flush_at_roi_begin
         self.flush_level = max(1, int(flush_threshold * capacity_entries))
         self.low_level = min(int(compact_to * capacity_entries), self.flush_level - 1)
         self.cache = cache
@@ -163,6 +172,17 @@ class WriteLog:
             if not self.inflight:  # else: compact once the one in progress is done
                 self.compact(time_ns)
         return time_ns
+
+    def roi_begins(self, time_ns: int) -> None:
+        """A ROI begins at ``time_ns``: with ``flush_at_roi_begin``, compact every entry
+        in use (the ROI's reads then wait behind its programs, as the artifact's
+        measured pass does behind its warm-up flush)."""
+        if not self.flush_at_roi_begin:
+            return
+        self.retire(time_ns)
+        if self.used:
+            self.compact(time_ns, at_least=self.used)
+            self.counters.roi_flushes += 1
 
     def quiet_appends(self) -> int:
         """How many single-line appends fit before one starts a compaction or stalls."""

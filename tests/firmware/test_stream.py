@@ -59,6 +59,28 @@ def test_roi_time_is_local_clock_plus_charged_stall() -> None:
     assert "cpu" not in roi  # no plugin counters in a replay
 
 
+def test_a_roi_begins_with_the_log_flushed_when_the_profile_asks() -> None:
+    """write_log.flush_at_roi_begin: the writes before the ROI are compacted when it
+    begins, counted in the ROI (as the artifact counts its warm-up flush in the
+    measured pass), and the ROI's reads of those pages wait behind the programs."""
+    writes = make_requests(np.arange(32) * 4096, Op.WRITE, time_ns=np.arange(32) * 10)
+    writes["flags"] = FLAG_POSTED
+    reads = make_requests(np.arange(32) * 4096, Op.READ, time_ns=10_000 + np.arange(32) * 10)
+    records = np.concatenate([writes, marker(MarkerCmd.ROI_BEGIN, 1, 1000), reads,
+                              marker(MarkerCmd.ROI_END, 1, 20_000)])
+    rois = {}
+    for flush in (False, True):
+        profile = load_profile("skybyte-w", {"write_log.flush_at_roi_begin": flush})
+        server = StreamServer(Controller.from_profile(profile))
+        server.serve(records)
+        (rois[flush],) = server.results
+    log_off, log_on = (rois[f]["device"]["write_log"] for f in (False, True))
+    assert (log_off["roi_flushes"], log_off["compactions"], log_off["programs"]) == (0, 0, 0)
+    assert (log_on["roi_flushes"], log_on["compactions"], log_on["programs"]) == (1, 1, 32)
+    # off: every read finds its line in the log; on: the pages are on flash, behind programs
+    assert rois[True]["device_stall_ns"] > rois[False]["device_stall_ns"]
+
+
 def test_unmatched_markers_are_reported_not_fatal() -> None:
     server = StreamServer(dram_only())
     server.serve(np.concatenate([marker(MarkerCmd.ROI_END, 1, 10), marker(MarkerCmd.ROI_BEGIN, 2, 20)]))

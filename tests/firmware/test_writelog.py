@@ -16,11 +16,12 @@ from cxlssd.firmware.writelog import ALL_LINES, WriteLog
 PAGES = 512
 
 
-def make_log(capacity: int = 16, threshold: float = 0.5, compact_to: float = 0.0) -> WriteLog:
+def make_log(capacity: int = 16, threshold: float = 0.5, compact_to: float = 0.0,
+             flush_at_roi_begin: bool = False) -> WriteLog:
     ftl = PageFtl(PAGES, 4, 16, 0.3, 0.2, GC_VICTIM_POLICIES.get("greedy")())
     flash = FlashBackend(ftl, FlashTimeline(2, 2, 3000, 80000, 1_000_000))
     cache = DataCache(PAGES, 8, 2, REPLACEMENT_POLICIES.get("lru")(8))
-    return WriteLog(PAGES, capacity, threshold, cache, flash, compact_to)
+    return WriteLog(PAGES, capacity, threshold, cache, flash, compact_to, flush_at_roi_begin)
 
 
 def test_a_rewrite_appends_and_invalidates_and_compaction_starts_at_the_threshold() -> None:
@@ -56,6 +57,25 @@ def test_compaction_reads_the_old_page_only_when_neither_full_nor_cached() -> No
     log.compact(100)
     assert log.flash.counters.reads_merge == log.counters.merge_reads == 1
     assert log.counters.full_pages == 1 and log.counters.cached_pages == 1
+
+
+def test_a_roi_begins_with_an_empty_log_only_when_asked() -> None:
+    """flush_at_roi_begin (SkyByte's artifact measures from an empty log): every entry
+    in use is compacted when the ROI begins, its programs booked from then on; off, the
+    ROI's beginning changes nothing."""
+    for flush in (False, True):
+        log = make_log(capacity=64, threshold=0.5, flush_at_roi_begin=flush)
+        for t, page in enumerate([3, 3, 1, 2, 2]):
+            log.append(page, 1 << t, t)
+        log.roi_begins(1000)
+        c = log.counters
+        if not flush:
+            assert (log.used, c.compactions, c.roi_flushes, c.programs) == (5, 0, 0, 0)
+            continue
+        assert (log.used, log.inflight, c.compactions, c.roi_flushes, c.programs) == (0, 5, 1, 1, 3)
+        assert log.flash.counters.programs_host == 3 and c.merge_reads == 3
+        log.roi_begins(2000)  # nothing left to flush: no empty compaction
+        assert (c.compactions, c.roi_flushes) == (1, 1)
 
 
 def test_full_log_stalls_until_the_flush_has_freed_enough() -> None:
