@@ -216,6 +216,9 @@ struct wl_option {
 #define WL_REAL(name, value, low, high) WL_OPTION_(name, WL_KIND_REAL, value, 0, 0, low, high, NULL, false)
 #define WL_CHOICE(name, value, choices) WL_OPTION_(name, WL_KIND_CHOICE, value, 0, 0, 0, 0, choices, false)
 #define WL_END WL_OPTION_(NULL, WL_KIND_SIZE, NULL, 0, 0, 0, 0, NULL, false)
+/* --warm-passes N: the ROI's work N times before it, unmeasured (SkyByte's artifact measures a
+ * pass of its trace after a warm-up pass); the same option and bound in every workload that has it. */
+#define WL_WARM_PASSES(value) WL_COUNT("warm-passes", value, 0, 16)
 
 #define WL_MAX_OPTIONS 16
 enum { WL_OPT_FOOTPRINT = 256, WL_OPT_SEED, WL_OPT_ROI, WL_OPT_HELP, WL_OPT_OWN = 512 };

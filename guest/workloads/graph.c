@@ -88,7 +88,7 @@ static struct options parse_options(int argc, char **argv)
         WL_COUNT("degree", &opt.degree, 1, 1u << 16),
         WL_COUNT("sources", &opt.sources, 1, MAX_VERTICES),
         WL_COUNT("threads", &opt.threads, 1, WL_MAX_THREADS),
-        WL_COUNT("warm-passes", &opt.warm_passes, 0, 16),
+        WL_WARM_PASSES(&opt.warm_passes),
         WL_END,
     };
     wl_parse(argc, argv, options, &opt.common);

@@ -83,7 +83,7 @@ static struct options parse_options(int argc, char **argv)
         WL_CHOICE("mix", &opt.mix, MIXES),
         WL_REAL("theta", &opt.theta, 0, 1),
         WL_COUNT("threads", &opt.threads, 1, WL_MAX_THREADS),
-        WL_COUNT("warm-passes", &opt.warm_passes, 0, 16),
+        WL_WARM_PASSES(&opt.warm_passes),
         WL_END,
     };
     wl_parse(argc, argv, options, &opt.common);

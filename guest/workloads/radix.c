@@ -41,7 +41,7 @@ static struct options parse_options(int argc, char **argv)
     struct options opt = {.keys = DEFAULT_KEYS, .threads = 1, .common = WL_COMMON_DEFAULTS};
     struct wl_option options[] = {WL_SIZED("keys", &opt.keys, 1, MAX_KEYS),
                                   WL_COUNT("threads", &opt.threads, 1, WL_MAX_THREADS),
-                                  WL_COUNT("warm-passes", &opt.warm_passes, 0, 16), WL_END};
+                                  WL_WARM_PASSES(&opt.warm_passes), WL_END};
     wl_parse(argc, argv, options, &opt.common);
     if (opt.common.footprint != 0)
         opt.keys = wl_footprint_items(&opt.common, "keys", BYTES_PER_KEY, 0, 1, MAX_KEYS);

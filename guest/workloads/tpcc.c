@@ -176,7 +176,7 @@ static struct options parse_options(int argc, char **argv)
         WL_SIZE("items", &opt.items, 100, MAX_ITEMS),
         WL_SIZE("transactions", &opt.transactions, 0, UINT32_MAX),
         WL_COUNT("threads", &opt.threads, 1, WL_MAX_THREADS),
-        WL_COUNT("warm-passes", &opt.warm_passes, 0, 16),
+        WL_WARM_PASSES(&opt.warm_passes),
         WL_END,
     };
     wl_parse(argc, argv, options, &opt.common);
