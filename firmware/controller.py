@@ -251,7 +251,7 @@ class Controller:
             GC_VICTIM_POLICIES.get(p["gc.victim"])(), p["flash.precondition"],
             PLACEMENTS.get(p["flash.placement"])(), p["gc.unit"], p["gc.stop_threshold"],
         )
-        flash = FlashBackend(ftl, timeline, p["gc.read_priority"])
+        flash = FlashBackend(ftl, timeline, p["gc.read_priority"], p["flash.idle_at_roi_begin"])
         log_bytes = p.capacity_bytes("write_log.size_bytes") if p["write_log.enabled"] else 0
         cache_pages = (p.capacity_bytes("ssd_dram.size_bytes") - log_bytes) // PAGE_BYTES
         ways = p["cache.ways"]
@@ -418,7 +418,11 @@ class Controller:
         return self._clock_ns
 
     def roi_begins(self, time_ns: int) -> None:
-        """A ROI begins at device time ``time_ns`` (the write log's ``flush_at_roi_begin``)."""
+        """A ROI begins at device time ``time_ns``: the flash's ``idle_at_roi_begin``,
+        then the write log's ``flush_at_roi_begin`` (its flush booked on the idle dies,
+        as the artifact books its warm-up flush at time 0 of its measured run)."""
+        if self.flash is not None and self.flash.roi_begins(time_ns) and self.log is not None:
+            self.log.end_flush(time_ns)
         if self.log is not None:
             self.log.roi_begins(time_ns)
 

@@ -64,6 +64,8 @@ class FlashCounters:
     rebuilds: int = 0  # host or merge reads of a failed die's page
     reads_slow_die: int = 0  # host reads served by a slowed die
     host_read_queue_ns: int = 0  # time host reads waited for a busy die or channel
+    roi_idles: int = 0  # ROI beginnings that found the device idle (flash.idle_at_roi_begin)
+    roi_dropped_ns: int = 0  # the die time those dropped (work booked or queued then)
 
     def as_dict(self) -> dict[str, int | float]:
         out: dict[str, int | float] = dict(asdict(self))
@@ -89,7 +91,8 @@ class StormWork:
 class FlashBackend:
     """Page reads/programs of logical pages, timed, with GC."""
 
-    def __init__(self, ftl: PageFtl, timeline: FlashTimeline, gc_read_priority: bool = True) -> None:
+    def __init__(self, ftl: PageFtl, timeline: FlashTimeline, gc_read_priority: bool = True,
+                 idle_at_roi_begin: bool = False) -> None:
         if ftl.n_dies != timeline.n_dies:
             raise ValueError("the FTL and the timeline disagree on the number of dies")
         self.ftl = ftl
@@ -98,6 +101,9 @@ class FlashBackend:
         # as the write-backs and flush programs); false: reads queue behind it (FIFO), as
         # the artifact's GC_IO commands take the unit's timeline (ftl.cc ssd_advance_status)
         self.gc_read_priority = gc_read_priority
+        # flash.idle_at_roi_begin: a ROI starts on idle dies, the work the set-up left
+        # queued dropped, as SkyByte's artifact measures in a run of its own (main.cc)
+        self.idle_at_roi_begin = idle_at_roi_begin
         self.counters = FlashCounters()
         self.slow: set[int] = set()  # dies with a factor above 1
         self.storm = StormWork()
@@ -107,6 +113,16 @@ class FlashBackend:
 
     def _update_faults(self) -> None:
         self.faults = bool(self.slow or self.ftl.failed or self.storm.stop_ns)
+
+    def roi_begins(self, time_ns: int) -> bool:
+        """A ROI begins at ``time_ns``: with ``idle_at_roi_begin``, every die and channel
+        is idle from then on (counted in the ROI: ``roi_idles``, ``roi_dropped_ns``).
+        Whether it dropped the work queued then."""
+        if not self.idle_at_roi_begin:
+            return False
+        self.counters.roi_dropped_ns += self.timeline.idle(time_ns)
+        self.counters.roi_idles += 1
+        return True
 
     def read(self, lpn: int, time_ns: int, cause: str = "host") -> int:
         """Read page ``lpn`` issued at ``time_ns``; returns when its data is out.

@@ -22,8 +22,10 @@ Until the flush has gone past its page, a line being flushed is still read from 
 log (:meth:`WriteLog.contains`), as the artifact's index keeps a page's entries until
 its flush reaches them.
 
-With ``flush_at_roi_begin`` a ROI starts from an empty log: the whole log is compacted
-when the ROI begins, its merge reads and programs booked on the dies from then on, as
+With the flash's ``idle_at_roi_begin`` the compaction in progress when a ROI begins
+ends there (:meth:`WriteLog.end_flush`). With ``flush_at_roi_begin`` a ROI starts
+from an empty log: the whole log is compacted when the ROI begins, its merge reads
+and programs booked on the dies from then on, as
 SkyByte's artifact starts its measured pass (main.cc ``flush_log_region_warmup`` after
 the warm-up pass; ftl.cc ``warmup_write_log`` replays that flush's reads and programs on
 the units at time 0 of the measured run).
@@ -183,6 +185,17 @@ class WriteLog:
         if self.used:
             self.compact(time_ns, at_least=self.used)
             self.counters.roi_flushes += 1
+
+    def end_flush(self, time_ns: int) -> None:
+        """The flash dropped the rest of the compaction in progress at ``time_ns``
+        (``flash.idle_at_roi_begin``): its pages are past, their entries free from then,
+        as the artifact's flush, which takes no simulated time, leaves no entry in flight
+        when its warm-up run ends."""
+        np.minimum(self._free_ns, time_ns, out=self._free_ns)
+        np.minimum(self.flush_until_ns, time_ns, out=self.flush_until_ns)
+        self.inflight_done_ns = min(self.inflight_done_ns, time_ns)
+        self.next_free_ns = min(self.next_free_ns, time_ns)
+        self.retire(time_ns)
 
     def quiet_appends(self) -> int:
         """How many single-line appends fit before one starts a compaction or stalls."""

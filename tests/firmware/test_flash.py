@@ -64,6 +64,23 @@ def test_a_read_in_a_gap_waits_for_the_program_in_progress() -> None:
     assert t.read(0, 1_000) == 83_000
 
 
+def test_an_idle_device_forgets_the_work_queued_and_booked_ahead() -> None:
+    """FlashTimeline.idle (flash.idle_at_roi_begin): programs queued, reads booked ahead
+    and channel transfers are dropped, with how long each die was to stay busy; a read
+    right after waits for nothing, and work queued later drains as before."""
+    t = timeline()
+    for _ in range(3):
+        t.program(0, 0)  # 3 x 80 us on die 0, from 0
+    t.read(1, 500_000)  # a read booked ahead on die 1, as a compaction's merge read
+    assert t.read(0, 1000) == 80_000 + 3000  # before: behind the program in progress
+    dropped = t.idle(10_000)
+    assert dropped == (240_000 - 10_000) + (503_000 - 10_000)  # each die's busy-until
+    assert t.read(0, 10_000) == t.read(1, 10_000) == 10_000 + 3000
+    assert t.idle(20_000) == 0  # nothing left: nothing dropped
+    t.program(2, 20_000)
+    assert t.read(2, 200_000) == 200_000 + 3000  # the program was over by then
+
+
 def test_gc_holding_the_die_leaves_no_gap() -> None:
     t = timeline()
     assert t.occupy(0, 0, 200_000) == 200_000  # GC work without read priority (FIFO)

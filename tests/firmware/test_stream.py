@@ -81,6 +81,36 @@ def test_a_roi_begins_with_the_log_flushed_when_the_profile_asks() -> None:
     assert rois[True]["device_stall_ns"] > rois[False]["device_stall_ns"]
 
 
+def test_a_roi_begins_on_an_idle_flash_when_the_profile_asks() -> None:
+    """flash.idle_at_roi_begin (the artifact measures in a run of its own): a set-up's
+    compaction still running when the ROI begins no longer holds the ROI's reads, and
+    with write_log.flush_at_roi_begin the log's own flush is booked on the idle dies."""
+    # one line on each of 12 000 pages: a compaction of ~6 400 pages (merge read and
+    # program each: ~30 ms of the dies) starts at the log's threshold
+    writes = make_requests(np.arange(12_000) * 4096, Op.WRITE, time_ns=np.arange(12_000) * 10)
+    writes["flags"] = FLAG_POSTED
+    # then reads of other pages, on every die, while it runs
+    reads = make_requests((100_000 + np.arange(64) * 7) * 4096, Op.READ,
+                          time_ns=200_000 + np.arange(64) * 10)
+    records = np.concatenate([writes, marker(MarkerCmd.ROI_BEGIN, 1, 150_000), reads,
+                              marker(MarkerCmd.ROI_END, 1, 300_000)])
+    rois = {}
+    for idle, flush in ((False, False), (True, False), (True, True)):
+        profile = load_profile("skybyte-w", {"flash.idle_at_roi_begin": idle,
+                                             "write_log.flush_at_roi_begin": flush,
+                                             "scale.capacity_divisor": 64})
+        server = StreamServer(Controller.from_profile(profile))
+        server.serve(records)
+        (rois[idle, flush],) = server.results
+    busy, idle, flushed = (rois[k]["device"]["flash"] for k in ((False, False), (True, False), (True, True)))
+    assert busy["host_read_queue_ns"] > 64 * 10_000  # behind the set-up's programs
+    assert (busy["roi_idles"], busy["roi_dropped_ns"]) == (0, 0)
+    assert idle["roi_idles"] == 1 and idle["roi_dropped_ns"] > 0
+    assert idle["host_read_queue_ns"] == 0 and idle["programs_total"] == 0
+    # the entries still in the log, flushed from the ROI's start: the reads wait for them
+    assert flushed["programs_total"] > 0 and flushed["host_read_queue_ns"] > 64 * 10_000
+
+
 def test_unmatched_markers_are_reported_not_fatal() -> None:
     server = StreamServer(dram_only())
     server.serve(np.concatenate([marker(MarkerCmd.ROI_END, 1, 10), marker(MarkerCmd.ROI_BEGIN, 2, 20)]))

@@ -78,6 +78,22 @@ def test_a_roi_begins_with_an_empty_log_only_when_asked() -> None:
         assert (c.compactions, c.roi_flushes) == (1, 1)
 
 
+def test_a_compaction_ended_by_an_idle_flash_frees_its_entries_then() -> None:
+    """end_flush (flash.idle_at_roi_begin): the flash dropped the rest of the compaction
+    in progress, so its entries are free and its lines no longer read from the log."""
+    log = make_log(capacity=8, threshold=0.5)
+    for t, page in enumerate([1, 2, 3, 4]):
+        log.append(page, 1, t)  # 4 entries: a compaction of 4 pages from t=3
+    assert log.inflight == 4 and log.inflight_done_ns > 1000
+    assert log.contains(4, 0, 1000)  # the flush has not reached page 4 yet
+    log.end_flush(1000)
+    assert (log.inflight, log.used) == (0, 0)
+    assert not any(log.contains(page, 0, 1000) for page in (1, 2, 3, 4))
+    assert log.quiet_appends() == 3  # the whole log is free again
+    log.end_flush(2000)  # nothing in flight: nothing changes
+    assert log.inflight == 0
+
+
 def test_full_log_stalls_until_the_flush_has_freed_enough() -> None:
     log = make_log(capacity=4, threshold=0.5)
     for page in range(2):
