@@ -25,7 +25,7 @@ its flush reaches them.
 With the flash's ``idle_at_roi_begin`` the compaction in progress when a ROI begins
 ends there (:meth:`WriteLog.end_flush`). With ``flush_at_roi_begin`` a ROI starts
 from an empty log: the whole log is compacted when the ROI begins, its merge reads
-and programs booked on the dies from then on, as
+and programs all issued then (not one page after another), as
 SkyByte's artifact starts its measured pass (main.cc ``flush_log_region_warmup`` after
 the warm-up pass; ftl.cc ``warmup_write_log`` replays that flush's reads and programs on
 the units at time 0 of the measured run).
@@ -177,13 +177,15 @@ class WriteLog:
 
     def roi_begins(self, time_ns: int) -> None:
         """A ROI begins at ``time_ns``: with ``flush_at_roi_begin``, compact every entry
-        in use (the ROI's reads then wait behind its programs, as the artifact's
-        measured pass does behind its warm-up flush)."""
+        in use at once (its merge reads and programs issued then, its space free then;
+        the ROI's reads wait behind them, as the artifact's measured pass does behind
+        its warm-up flush)."""
         if not self.flush_at_roi_begin:
             return
         self.retire(time_ns)
         if self.used:
-            self.compact(time_ns, at_least=self.used)
+            self.compact(time_ns, at_least=self.used, at_once=True)
+            self.retire(time_ns)
             self.counters.roi_flushes += 1
 
     def end_flush(self, time_ns: int) -> None:
@@ -235,9 +237,13 @@ class WriteLog:
         self.inflight_done_ns = max(self.inflight_done_ns, int(free_ns[-1]))
         self.next_free_ns = int(free_ns[0])
 
-    def compact(self, time_ns: int, at_least: int = 0) -> None:
+    def compact(self, time_ns: int, at_least: int = 0, at_once: bool = False) -> None:
         """Merge the oldest pages' lines into flash, starting at ``time_ns``, until the
-        log is down to its low-water mark (and at least ``at_least`` entries are freed)."""
+        log is down to its low-water mark (and at least ``at_least`` entries are freed).
+        ``at_once``: every merge read and program is issued at ``time_ns`` and the
+        entries are free then, as the artifact books its warm-up's flush at the start
+        of its measured run (ftl.cc ``warmup_write_log``: the reads, then the programs,
+        all at time 0)."""
         pages = np.flatnonzero(self.page_entries)
         if pages.size == 0:
             return
@@ -265,9 +271,10 @@ class WriteLog:
         free_ns = np.empty(pages.size, dtype=np.int64)
         for i, (page, merge) in enumerate(zip(pages.tolist(), needs_old.tolist(), strict=True)):
             if merge:
-                done = flash.read(page, done, cause="merge")
+                read_done = flash.read(page, time_ns if at_once else done, cause="merge")
+                done = time_ns if at_once else read_done
             flash.program(page, done)
-            if interval:
+            if interval and not at_once:
                 done = max(done, time_ns + (i + 1) * interval)
             free_ns[i] = done
         self._start_flush(free_ns, page_entries)
