@@ -174,12 +174,14 @@ def _is_our_instance(rundir: Path) -> bool:
     )
 
 
-def reap_stale_instances() -> list[str]:
+def reap_stale_instances(root: Path | None = None) -> list[str]:
     """Remove the runtime dirs of instances whose owner process is gone (killed -9),
     killing their QEMU if that very process survived (pid and start time match).
-    Anything without our instance record is left alone. Returns the names reaped."""
+    Anything without our instance record is left alone. ``root``: another runtime root
+    than this session's (verified as :func:`runtime_root` verifies its own). Returns
+    the names reaped."""
     reaped = []
-    for rundir in runtime_root().iterdir():
+    for rundir in runtime_root(root).iterdir():
         if not _is_our_instance(rundir) or pid_file_alive(rundir / "owner.pid"):
             continue
         qemu = ProcessId.read(rundir / "qemu.pid")
@@ -188,6 +190,26 @@ def reap_stale_instances() -> list[str]:
         shutil.rmtree(rundir, ignore_errors=True)
         reaped.append(rundir.name)
     return reaped
+
+
+def reap_dead_sessions(parent: Path, prefix: str) -> list[str]:
+    """Reap the runtime roots ``parent/PREFIXPID`` of sessions whose process ``PID`` is
+    gone (a test session killed outright has no teardown, and its root holds a guest's
+    CXL backing file in tmpfs): their stale instances, then the root if that empties
+    it. A root that is not a private directory of ours, or whose pid runs, is left
+    alone. Returns the roots removed."""
+    removed = []
+    for root in sorted(parent.glob(f"{prefix}*")):
+        pid = root.name.removeprefix(prefix)
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        try:
+            reap_stale_instances(root)
+            root.rmdir()
+        except (PrerequisiteError, OSError):
+            continue
+        removed.append(root.name)
+    return removed
 
 
 def check_host_capacity(configs: PlatformConfig | Sequence[PlatformConfig], shm_dir: Path) -> None:

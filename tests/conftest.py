@@ -89,6 +89,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if item not in deselected]
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # a session killed outright (SIGKILL, a CI timeout) had no teardown: its root still
+    # holds a guest's 1 GiB CXL backing file in /dev/shm
+    from cxlssd.platform.machine import reap_dead_sessions
+
+    reaped = reap_dead_sessions(RUNTIME.parent, "cxlssd-test-")
+    if reaped:
+        print(f"reaped the runtime of test sessions that were killed: {', '.join(reaped)}")
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     remaining = leftovers(set())
     shutil.rmtree(RUNTIME, ignore_errors=True)

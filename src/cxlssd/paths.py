@@ -54,17 +54,17 @@ def check_writable_output(path: Path, what: str) -> None:
         raise InputError(f"cannot write {what} {path}: it is not writable")
 
 
-def runtime_root() -> Path:
+def runtime_root(path: Path | None = None) -> Path:
     """The private directory holding every live instance's sockets, keys and device
     backing files (``$CXLSSD_RUNTIME``, default ``/dev/shm/cxlssd-UID``: tmpfs, because
-    the CXL backing files are guest memory).
+    the CXL backing files are guest memory), or ``path`` (another session's root).
 
     Created mode 0700 if missing; otherwise trusted only if it is a real directory
     (not a symlink), owned by this user, with no group or other access, in a parent
     others cannot rename it out of (``/dev/shm`` is sticky). Anything else is a
     :class:`PrerequisiteError`: the platform deletes and signals what it finds in
     here, so it must never act on a directory someone else planted."""
-    root = Path(os.environ.get("CXLSSD_RUNTIME", f"/dev/shm/cxlssd-{os.getuid()}"))
+    root = path or Path(os.environ.get("CXLSSD_RUNTIME", f"/dev/shm/cxlssd-{os.getuid()}"))
     refuse = f"runtime directory {root}"
     advice = "remove it, or set CXLSSD_RUNTIME to a private directory of yours"
     try:

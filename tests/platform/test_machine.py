@@ -15,7 +15,7 @@ from cxlssd.cli import main
 from cxlssd.errors import PrerequisiteError
 from cxlssd.lifecycle import LockHeld, ProcessId, exclusive_lock
 from cxlssd.paths import runtime_root
-from cxlssd.platform.machine import CxlDevice, reap_stale_instances
+from cxlssd.platform.machine import CxlDevice, reap_dead_sessions, reap_stale_instances
 
 
 def _dead_pid() -> int:
@@ -96,6 +96,27 @@ def test_the_reaper_leaves_what_carries_no_instance_record_of_ours(
     assert reap_stale_instances() == []
     assert foreign.exists() and garbled.exists() and (target / "keep").exists()
     assert orphan.poll() is None
+
+
+def test_the_root_of_a_killed_session_is_reaped_and_no_other(tmp_path: Path) -> None:
+    """reap_dead_sessions: a root named after a dead process goes with its stale
+    instances; the roots of live sessions, foreign ones and symlinks stay."""
+    dead_pid = _dead_pid()
+    dead = tmp_path / f"sess-{dead_pid}"
+    dead.mkdir(mode=0o700)
+    _instance(dead, "stale-000000", ProcessId(dead_pid, 1))
+    alive = tmp_path / f"sess-{os.getpid()}"
+    alive.mkdir(mode=0o700)
+    _instance(alive, "mine-000000", ProcessId.of_self())
+    open_root = tmp_path / f"sess-{_dead_pid()}"
+    open_root.mkdir(mode=0o755)  # not private: not ours to act on
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    (target / "keep").write_text("precious")
+    (tmp_path / f"sess-{_dead_pid()}").symlink_to(target)
+    assert reap_dead_sessions(tmp_path, "sess-") == [dead.name]
+    assert not dead.exists() and (alive / "mine-000000").exists()
+    assert open_root.is_dir() and (target / "keep").exists()
 
 
 def test_runtime_root_is_created_private(scratch_root: Path) -> None:
