@@ -65,7 +65,7 @@ class FlashCounters:
     reads_slow_die: int = 0  # host reads served by a slowed die
     host_read_queue_ns: int = 0  # time host reads waited for a busy die or channel
     roi_idles: int = 0  # ROI beginnings that found the device idle (flash.idle_at_roi_begin)
-    roi_dropped_ns: int = 0  # the die time those dropped (work booked or queued then)
+    roi_dropped_ns: int = 0  # how long the dies were still to be busy then, summed
 
     def as_dict(self) -> dict[str, int | float]:
         out: dict[str, int | float] = dict(asdict(self))
