@@ -421,9 +421,10 @@ class Controller:
         """A ROI begins at device time ``time_ns``: the flash's ``idle_at_roi_begin``,
         then the write log's ``flush_at_roi_begin`` (its flush booked on the idle dies,
         as the artifact books its warm-up flush at time 0 of its measured run)."""
-        if self.flash is not None and self.flash.roi_begins(time_ns) and self.log is not None:
-            self.log.end_flush(time_ns)
+        idled = self.flash is not None and self.flash.roi_begins(time_ns)
         if self.log is not None:
+            if idled:
+                self.log.end_flush(time_ns)
             self.log.roi_begins(time_ns)
 
     def vcpu_stall_ns(self, vcpu: int) -> int:

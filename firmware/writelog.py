@@ -271,8 +271,9 @@ class WriteLog:
         free_ns = np.empty(pages.size, dtype=np.int64)
         for i, (page, merge) in enumerate(zip(pages.tolist(), needs_old.tolist(), strict=True)):
             if merge:
-                read_done = flash.read(page, time_ns if at_once else done, cause="merge")
-                done = time_ns if at_once else read_done
+                read_done = flash.read(page, done, cause="merge")
+                if not at_once:  # else every read and program is issued at time_ns
+                    done = read_done
             flash.program(page, done)
             if interval and not at_once:
                 done = max(done, time_ns + (i + 1) * interval)

@@ -201,7 +201,7 @@ def reap_dead_sessions(parent: Path, prefix: str) -> list[str]:
     removed = []
     for root in sorted(parent.glob(f"{prefix}*")):
         pid = root.name.removeprefix(prefix)
-        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+        if not pid.isdigit() or ProcessId.of(int(pid)) is not None:
             continue
         try:
             reap_stale_instances(root)
