@@ -1,10 +1,12 @@
 /*
  * radix - LSD radix sort of 64-bit keys (cxlssd guest workload).
  *
- * --keys N uniform random 64-bit keys (splitmix64 from --seed) are sorted by 8 passes of
- * 8-bit digits, least significant first, between the key array and a buffer of the same
- * size: ROI --roi (1) is the whole sort, one read pass that counts all 8 digit histograms
- * and 8 scatter passes (a sequential read, 256 sequential write streams each). With
+ * --keys N uniform random 64-bit keys (splitmix64 from --seed) are sorted by 64 / B passes
+ * of B-bit digits (--digit-bits B: 1, 2, 4 or 8, default 8), least significant first,
+ * between the key array and a buffer of the same size: ROI --roi (1) is the whole sort, one
+ * read pass that counts every pass's digit histogram and 64 / B scatter passes (a
+ * sequential read, 2^B sequential write streams each). Fewer digit bits mean fewer write
+ * streams, i.e. fewer pages being written at once, and more passes. With
  * --threads T, T POSIX threads sort a contiguous share of the array each, as a parallel LSD
  * sort does: per pass they count their share's digits, meet at a barrier, scatter their
  * share to offsets that keep the sort stable, and meet again; the result is the same.
@@ -17,32 +19,39 @@
  */
 #include "common.h"
 
-#define DIGIT_BITS 8u
-#define RADIX (1u << DIGIT_BITS)
-#define PASSES (64u / DIGIT_BITS)
+#define MAX_RADIX 256u  /* 8-bit digits */
+#define MAX_COUNTS 2048u /* passes x radix: 8 x 256 at most (1-bit digits: 64 x 2) */
 #define DEFAULT_KEYS (1u << 20)
 #define BYTES_PER_KEY (2 * sizeof(uint64_t)) /* the keys and the buffer */
 #define MAX_KEYS (UINT64_MAX / BYTES_PER_KEY)
 
 static const char USAGE[] =
-    "usage: radix [--keys N | --footprint BYTES] [--threads T] [--warm-passes N] [--seed S] [--roi ID]\n"
+    "usage: radix [--keys N | --footprint BYTES] [--digit-bits B] [--threads T] [--warm-passes N] [--seed S]\n"
+    "             [--roi ID]\n"
     "  --keys        64-bit keys to sort (default 1M)\n"
+    "  --digit-bits  bits a pass sorts by: 1, 2, 4 or 8 (default 8: 8 passes, 256 write streams)\n"
     "  --footprint   pick the keys so that keys and buffer (16 bytes a key) fit BYTES\n"
     "  --threads     POSIX threads sorting a share of the keys each (default 1)\n"
     "  --warm-passes unmeasured sorts of the same keys before the ROI (default 0)\n" WL_COMMON_USAGE;
 
+/* 64 / B passes, an even number: the sorted keys end in the key array */
+static const char *const DIGIT_BITS[] = {"1", "2", "4", "8", NULL};
+
 struct options {
     uint64_t keys, threads, warm_passes;
+    unsigned digit_bits; /* parsed as the index in DIGIT_BITS, then the bits */
     struct wl_common common;
 };
 
 static struct options parse_options(int argc, char **argv)
 {
-    struct options opt = {.keys = DEFAULT_KEYS, .threads = 1, .common = WL_COMMON_DEFAULTS};
+    struct options opt = {.keys = DEFAULT_KEYS, .threads = 1, .digit_bits = 3, .common = WL_COMMON_DEFAULTS};
     struct wl_option options[] = {WL_SIZED("keys", &opt.keys, 1, MAX_KEYS),
+                                  WL_CHOICE("digit-bits", &opt.digit_bits, DIGIT_BITS),
                                   WL_COUNT("threads", &opt.threads, 1, WL_MAX_THREADS),
                                   WL_WARM_PASSES(&opt.warm_passes), WL_END};
     wl_parse(argc, argv, options, &opt.common);
+    opt.digit_bits = 1u << opt.digit_bits;
     if (opt.common.footprint != 0)
         opt.keys = wl_footprint_items(&opt.common, "keys", BYTES_PER_KEY, 0, 1, MAX_KEYS);
     return opt;
@@ -59,26 +68,30 @@ static void add_key(struct multiset *m, uint64_t key)
     m->hashes += wl_mix64(key);
 }
 
-/* Sort keys[0 .. n) using buffer[0 .. n); an even number of passes leaves the result in keys. */
-__attribute__((noinline)) static void radix_sort(uint64_t *keys, uint64_t *buffer, uint64_t n)
+/* Sort keys[0 .. n) using buffer[0 .. n) by `bits`-bit digits; an even number of passes
+ * leaves the result in keys. */
+__attribute__((noinline)) static void radix_sort(uint64_t *keys, uint64_t *buffer, uint64_t n, unsigned bits)
 {
-    uint64_t counts[PASSES][RADIX] = {{0}};
+    const unsigned passes = 64 / bits;
+    const uint64_t mask = (1u << bits) - 1;
+    uint64_t counts[MAX_COUNTS]; /* counts[pass << bits | digit] */
+    memset(counts, 0, ((size_t)passes << bits) * sizeof counts[0]);
     for (uint64_t i = 0; i < n; i++) {
         const uint64_t key = keys[i];
-        for (unsigned pass = 0; pass < PASSES; pass++)
-            counts[pass][(key >> (pass * DIGIT_BITS)) & (RADIX - 1)]++;
+        for (unsigned pass = 0; pass < passes; pass++)
+            counts[pass << bits | ((key >> (pass * bits)) & mask)]++;
     }
     uint64_t *from = keys, *to = buffer;
-    for (unsigned pass = 0; pass < PASSES; pass++) {
-        uint64_t next[RADIX], start = 0; /* where the next key with each digit goes */
-        for (unsigned digit = 0; digit < RADIX; digit++) {
+    for (unsigned pass = 0; pass < passes; pass++) {
+        uint64_t next[MAX_RADIX], start = 0; /* where the next key with each digit goes */
+        for (unsigned digit = 0; digit <= mask; digit++) {
             next[digit] = start;
-            start += counts[pass][digit];
+            start += counts[pass << bits | digit];
         }
-        const unsigned shift = pass * DIGIT_BITS;
+        const unsigned shift = pass * bits;
         for (uint64_t i = 0; i < n; i++) {
             const uint64_t key = from[i];
-            to[next[(key >> shift) & (RADIX - 1)]++] = key;
+            to[next[(key >> shift) & mask]++] = key;
         }
         uint64_t *swap = from;
         from = to;
@@ -86,11 +99,10 @@ __attribute__((noinline)) static void radix_sort(uint64_t *keys, uint64_t *buffe
     }
 }
 
-_Static_assert(PASSES % 2 == 0, "the sorted keys end in the key array");
-
 struct sort_run {
     uint64_t *keys, *buffer, n, threads;
-    uint64_t (*counts)[RADIX]; /* counts[k]: thread k's digits in the current pass */
+    unsigned bits;
+    uint64_t (*counts)[MAX_RADIX]; /* counts[k]: thread k's digits in the current pass */
     pthread_barrier_t barrier;
 };
 
@@ -101,14 +113,15 @@ static void sort_share(uint64_t k, void *shared)
     struct sort_run *r = shared;
     const uint64_t first = k * r->n / r->threads, end = (k + 1) * r->n / r->threads;
     uint64_t *from = r->keys, *to = r->buffer, *mine = r->counts[k];
-    for (unsigned pass = 0; pass < PASSES; pass++) {
-        const unsigned shift = pass * DIGIT_BITS;
-        memset(mine, 0, RADIX * sizeof *mine);
+    const uint64_t mask = (1u << r->bits) - 1;
+    for (unsigned pass = 0; pass < 64 / r->bits; pass++) {
+        const unsigned shift = pass * r->bits;
+        memset(mine, 0, MAX_RADIX * sizeof *mine);
         for (uint64_t i = first; i < end; i++)
-            mine[(from[i] >> shift) & (RADIX - 1)]++;
+            mine[(from[i] >> shift) & mask]++;
         pthread_barrier_wait(&r->barrier);
-        uint64_t next[RADIX], start = 0;
-        for (unsigned digit = 0; digit < RADIX; digit++) {
+        uint64_t next[MAX_RADIX], start = 0;
+        for (unsigned digit = 0; digit <= mask; digit++) {
             for (uint64_t j = 0; j < r->threads; j++) {
                 if (j == k)
                     next[digit] = start;
@@ -117,7 +130,7 @@ static void sort_share(uint64_t k, void *shared)
         }
         for (uint64_t i = first; i < end; i++) {
             const uint64_t key = from[i];
-            to[next[(key >> shift) & (RADIX - 1)]++] = key;
+            to[next[(key >> shift) & mask]++] = key;
         }
         pthread_barrier_wait(&r->barrier); /* the pass is whole, the counts read */
         uint64_t *swap = from;
@@ -142,7 +155,7 @@ static void sort(struct sort_run *run)
     if (run->threads > 1)
         wl_run_threads(run->threads, sort_share, run, &run->barrier);
     else
-        radix_sort(run->keys, run->buffer, run->n);
+        radix_sort(run->keys, run->buffer, run->n, run->bits);
 }
 
 int main(int argc, char **argv)
@@ -154,7 +167,7 @@ int main(int argc, char **argv)
     struct multiset input = {0}, output = {0};
     fill_keys(keys, n, opt.common.seed, &input);
 
-    struct sort_run run = {.keys = keys, .buffer = buffer, .n = n, .threads = opt.threads,
+    struct sort_run run = {.keys = keys, .buffer = buffer, .n = n, .threads = opt.threads, .bits = opt.digit_bits,
                            .counts = calloc(opt.threads, sizeof *run.counts)};
     if (run.counts == NULL) {
         fputs("radix: out of memory for the threads' counts\n", stderr);
@@ -181,10 +194,10 @@ int main(int argc, char **argv)
     struct wl_json j = wl_report_begin();
     wl_json_u64(&j, "keys", n);
     wl_json_u64(&j, "threads", opt.threads);
+    wl_json_u64(&j, "digit_bits", opt.digit_bits);
     wl_json_u64(&j, "warm_passes", opt.warm_passes);
     wl_report_data(&j, &opt.common);
-    wl_json_u64(&j, "passes", PASSES);
-    wl_json_u64(&j, "digit_bits", DIGIT_BITS);
+    wl_json_u64(&j, "passes", 64 / opt.digit_bits);
     wl_json_bool(&j, "sorted", sorted);
     wl_json_u64(&j, "min_key", keys[0]);
     wl_json_u64(&j, "max_key", keys[n - 1]);

@@ -187,10 +187,21 @@ def test_radix(runtime: Path) -> None:
     assert data["params"]["keys"] == 2**20 and data["footprint_bytes"] == 16 * 2**20
     assert data["sorted"] is True and data["passes"] == 8 and data["min_key"] <= data["max_key"]
     data = report(runtime, "radix", "--footprint", "1M", "--seed", "9", "--roi", "7")
-    assert data["params"] == {"keys": 65536, "threads": 1, "warm_passes": 0, "footprint": 2**20, "seed": 9,
-                              "roi": 7}
+    assert data["params"] == {"keys": 65536, "threads": 1, "digit_bits": 8, "warm_passes": 0, "footprint": 2**20,
+                              "seed": 9, "roi": 7}
     single = report(runtime, "radix", "--keys", "1")
     assert single["min_key"] == single["max_key"] and single["sorted"] is True
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_radix_digit_bits_set_the_passes_not_the_result(runtime: Path, threads: str) -> None:
+    """--digit-bits B: 64 / B passes of 2^B write streams each, the same sorted keys."""
+    args = ("--keys", "10007", "--threads", threads)
+    eight = report(runtime, "radix", *args)
+    for bits in (1, 2, 4):
+        data = report(runtime, "radix", *args, "--digit-bits", str(bits))
+        assert data["params"]["digit_bits"] == bits and data["passes"] == 64 // bits
+        assert data["checksum"] == eight["checksum"] and data["min_key"] == eight["min_key"]
 
 
 def test_srad(runtime: Path) -> None:
@@ -425,6 +436,7 @@ BAD_ARGUMENTS = [(name, args, message) for name in WORKLOADS for args, message i
     ("tpcc", ["--warm-passes", "17"], "--warm-passes 17: must be 0..16"),
     ("radix", ["--footprint", "8"], "--footprint 8 is too small"),
     ("radix", ["--keys", "0"], "--keys 0: must be 1.."),
+    ("radix", ["--digit-bits", "3"], "--digit-bits: '3' is not one of 1, 2, 4, 8"),
     ("srad", ["--lambda", "1.5"], "--lambda 1.5: must be strictly between 0 and 1"),
     ("srad", ["--lambda", "half"], "--lambda: 'half' is not a number"),
     ("srad", ["--width", "2"], "--width 2: must be 4.."),
