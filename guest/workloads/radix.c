@@ -26,8 +26,8 @@
 #define MAX_KEYS (UINT64_MAX / BYTES_PER_KEY)
 
 static const char USAGE[] =
-    "usage: radix [--keys N | --footprint BYTES] [--digit-bits B] [--threads T] [--warm-passes N] [--seed S]\n"
-    "             [--roi ID]\n"
+    "usage: radix [--keys N | --footprint BYTES] [--digit-bits B] [--threads T] [--warm-passes N]\n"
+    "             [--seed S] [--roi ID]\n"
     "  --keys        64-bit keys to sort (default 1M)\n"
     "  --digit-bits  bits a pass sorts by: 1, 2, 4 or 8 (default 8: 8 passes, 256 write streams)\n"
     "  --footprint   pick the keys so that keys and buffer (16 bytes a key) fit BYTES\n"
@@ -45,7 +45,8 @@ struct options {
 
 static struct options parse_options(int argc, char **argv)
 {
-    struct options opt = {.keys = DEFAULT_KEYS, .threads = 1, .digit_bits = 3, .common = WL_COMMON_DEFAULTS};
+    struct options opt = {.keys = DEFAULT_KEYS, .threads = 1, .digit_bits = 3 /* "8" */,
+                          .common = WL_COMMON_DEFAULTS};
     struct wl_option options[] = {WL_SIZED("keys", &opt.keys, 1, MAX_KEYS),
                                   WL_CHOICE("digit-bits", &opt.digit_bits, DIGIT_BITS),
                                   WL_COUNT("threads", &opt.threads, 1, WL_MAX_THREADS),
@@ -167,7 +168,8 @@ int main(int argc, char **argv)
     struct multiset input = {0}, output = {0};
     fill_keys(keys, n, opt.common.seed, &input);
 
-    struct sort_run run = {.keys = keys, .buffer = buffer, .n = n, .threads = opt.threads, .bits = opt.digit_bits,
+    struct sort_run run = {.keys = keys, .buffer = buffer, .n = n, .threads = opt.threads,
+                           .bits = opt.digit_bits,
                            .counts = calloc(opt.threads, sizeof *run.counts)};
     if (run.counts == NULL) {
         fputs("radix: out of memory for the threads' counts\n", stderr);

@@ -187,8 +187,8 @@ def test_radix(runtime: Path) -> None:
     assert data["params"]["keys"] == 2**20 and data["footprint_bytes"] == 16 * 2**20
     assert data["sorted"] is True and data["passes"] == 8 and data["min_key"] <= data["max_key"]
     data = report(runtime, "radix", "--footprint", "1M", "--seed", "9", "--roi", "7")
-    assert data["params"] == {"keys": 65536, "threads": 1, "digit_bits": 8, "warm_passes": 0, "footprint": 2**20,
-                              "seed": 9, "roi": 7}
+    assert data["params"] == {"keys": 65536, "threads": 1, "digit_bits": 8, "warm_passes": 0,
+                              "footprint": 2**20, "seed": 9, "roi": 7}
     single = report(runtime, "radix", "--keys", "1")
     assert single["min_key"] == single["max_key"] and single["sorted"] is True
 
