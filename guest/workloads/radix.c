@@ -39,20 +39,20 @@ static const char *const DIGIT_BITS[] = {"1", "2", "4", "8", NULL};
 
 struct options {
     uint64_t keys, threads, warm_passes;
-    unsigned digit_bits; /* parsed as the index in DIGIT_BITS, then the bits */
+    unsigned digit_bits;
     struct wl_common common;
 };
 
 static struct options parse_options(int argc, char **argv)
 {
-    struct options opt = {.keys = DEFAULT_KEYS, .threads = 1, .digit_bits = 3 /* "8" */,
-                          .common = WL_COMMON_DEFAULTS};
+    struct options opt = {.keys = DEFAULT_KEYS, .threads = 1, .common = WL_COMMON_DEFAULTS};
+    unsigned digit_choice = 3; /* "8" */
     struct wl_option options[] = {WL_SIZED("keys", &opt.keys, 1, MAX_KEYS),
-                                  WL_CHOICE("digit-bits", &opt.digit_bits, DIGIT_BITS),
+                                  WL_CHOICE("digit-bits", &digit_choice, DIGIT_BITS),
                                   WL_COUNT("threads", &opt.threads, 1, WL_MAX_THREADS),
                                   WL_WARM_PASSES(&opt.warm_passes), WL_END};
     wl_parse(argc, argv, options, &opt.common);
-    opt.digit_bits = 1u << opt.digit_bits;
+    opt.digit_bits = 1u << digit_choice;
     if (opt.common.footprint != 0)
         opt.keys = wl_footprint_items(&opt.common, "keys", BYTES_PER_KEY, 0, 1, MAX_KEYS);
     return opt;
@@ -117,7 +117,7 @@ static void sort_share(uint64_t k, void *shared)
     const uint64_t mask = (1u << r->bits) - 1;
     for (unsigned pass = 0; pass < 64 / r->bits; pass++) {
         const unsigned shift = pass * r->bits;
-        memset(mine, 0, MAX_RADIX * sizeof *mine);
+        memset(mine, 0, (mask + 1) * sizeof *mine);
         for (uint64_t i = first; i < end; i++)
             mine[(from[i] >> shift) & mask]++;
         pthread_barrier_wait(&r->barrier);
