@@ -155,6 +155,30 @@ def test_radix_after_warm_passes_sorts_the_same_keys(runtime: Path, threads: str
         assert warm[key] == cold[key], key
 
 
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_srad_after_warm_passes_diffuses_the_same_image(runtime: Path, threads: str) -> None:
+    """A warm pass runs the iterations, and the image is written again from the input
+    before the next: the ROI computes the cold run's pixels bit for bit."""
+    args = ("--width", "64", "--height", "48", "--iterations", "3", "--threads", threads)
+    cold = report(runtime, "srad", *args)
+    warm = report(runtime, "srad", *args, "--warm-passes", "2")
+    assert warm["params"]["warm_passes"] == 2 and cold["params"]["warm_passes"] == 0
+    for key in ("mean", "q0sqr_last", "pixels_compared", "checksum"):
+        assert warm[key] == cold[key], key
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_dlrm_after_warm_passes_pools_the_same_rows(runtime: Path, threads: str) -> None:
+    """The lookups only read the tables: a warm pass before the ROI leaves its output as a
+    cold run's."""
+    args = ("--rows", "500", "--batches", "3", "--threads", threads)
+    cold = report(runtime, "dlrm", *args)
+    warm = report(runtime, "dlrm", *args, "--warm-passes", "2")
+    assert warm["params"]["warm_passes"] == 2 and cold["params"]["warm_passes"] == 0
+    for key in ("lookups", "bytes_gathered", "checksum"):
+        assert warm[key] == cold[key], key
+
 def test_kvstore_after_warm_passes_replays_the_same_operations(runtime: Path) -> None:
     """A warm pass runs the ROI's operations once more before it: reads alone leave the
     versions as they were (the ROI's reads return what a cold run's do); with updates the
@@ -212,6 +236,7 @@ def test_srad(runtime: Path) -> None:
         "iterations": 10,
         "lambda": 0.5,
         "threads": 1,
+        "warm_passes": 0,
         "seed": 1,
         "roi": 1,
     }
