@@ -26,6 +26,14 @@ never stalls the CPU). A long-delay answer hides nothing by itself: with one thr
 per vCPU there is nothing to switch to, so the thread waits for its data and
 re-issues the access (latency + an SSD-DRAM hit); several threads per vCPU are
 scheduled by :mod:`.threads`, and live runs by the guest (:mod:`.live_switching`).
+
+Page moves count towards no promotion: SkyByte's promotion thread moves pages inside
+the device (artifact, ftl.cc ``promotion_thread``), where the guest's kernel copies
+them through the device. So the transfer engine's requests (``FLAG_ENGINE``, the
+copy's) and the LLC's later write-back of each line such a copy read for ownership
+(a demotion's stores, in a design without the write log) are served as any, but
+count neither a hit towards promotion nor an access of the promotion window
+(``move_requests``). Counted, they made every demoted page hot at once.
 """
 
 from __future__ import annotations
@@ -63,6 +71,7 @@ from cxlssd.firmware.migration import (
 from cxlssd.firmware.profile import Profile
 from cxlssd.firmware.request import (
     FLAG_DIRTY,
+    FLAG_ENGINE,
     FLAG_POSTED,
     LINE_BYTES,
     PAGE_BYTES,
@@ -151,6 +160,7 @@ class ModelCounters:
     dirty_demotions: int = 0
     promotions_failed: int = 0  # decided, then given up by the host (host-managed)
     host_accesses: int = 0  # LLC misses served by promoted pages in host DRAM (host-managed)
+    move_requests: int = 0  # page moves' requests, counted towards no promotion (docstring)
 
 
 class Controller:
@@ -222,6 +232,9 @@ class Controller:
         self.fill_done_ns = np.zeros(device_pages, dtype=np.int64)
         self.hit_count = np.zeros(device_pages, dtype=np.uint16)
         self.hit_epoch = np.zeros(device_pages, dtype=np.int32)  # window of hit_count
+        # per page, the lines a move's copy read for ownership: their next write-back is
+        # the move's too (see the module's docstring)
+        self.moved_lines = np.zeros(device_pages, dtype=np.uint64)
         self._epoch = 0
         self._window_left = migration.window_accesses if migration else 0
         self._window_promoted = 0
@@ -538,6 +551,10 @@ class Controller:
         vcpus = chunk["vcpu"].tolist()
         times = chunk["time_ns"].tolist()
         posted_list = (chunk["flags"] & FLAG_POSTED).tolist()
+        # a page move's requests go to _step (_of_a_move): the engine's, and write-backs
+        # to a page whose lines a move read
+        engine_list = (chunk["flags"] & FLAG_ENGINE).tolist() if self.migration is not None else [0] * n
+        moved_lines = self.moved_lines.data
         starts = [0] * n
         lats = [0] * n
         srcs = [0] * n
@@ -610,11 +627,13 @@ class Controller:
         seq = self._seq
         last_complex = -1  # the last miss or _step request
         i = -1
-        for op, addr, vcpu, time_ns, posted in zip(ops, addrs, vcpus, times, posted_list, strict=True):
+        for op, addr, vcpu, time_ns, posted, engine in zip(
+            ops, addrs, vcpus, times, posted_list, engine_list, strict=True
+        ):
             i += 1
             page = addr >> 12
             start = time_ns + stall[vcpu] if compute else time_ns
-            if op > 1:
+            if op > 1 or engine or (posted and op == 1 and mig is not None and moved_lines[page]):
                 slow = True
             else:
                 slow = False
@@ -827,6 +846,7 @@ class Controller:
             c.reads += 1
         promote = demote = -1
         hit = False  # served by the data cache: counts towards promotion (SkyByte)
+        moving = self.migration is not None and self._of_a_move(page, addr, write, flags)
         if self.dram_only:
             latency, source = self.latencies.host_dram_ns, Source.DRAM
         elif self.promoted[page]:
@@ -861,7 +881,7 @@ class Controller:
                 else:
                     latency, source = self._miss(page, start, seq, write), Source.FLASH
                     c.cache_misses += 1
-            if hit and self.migration is not None:
+            if hit and self.migration is not None and not moving:
                 promote, demote = self._count_hit(page, start)
         if flags & FLAG_POSTED:
             long_delay, charged = False, 0
@@ -876,11 +896,25 @@ class Controller:
         if long_delay:
             c.long_delays += 1
             c.long_delay_latency_ns += latency
-        if self.migration is not None:
+        if self.migration is not None and not moving:
             self._window_left -= 1
             if self._window_left == 0:
                 self._end_window()
         return start, latency, source, long_delay, promote, demote
+
+    def _of_a_move(self, page: int, addr: int, write: bool, flags: int) -> bool:
+        """Whether a request is a page move's (module docstring), noting the lines the
+        engine reads of a page not being promoted: their write-back will be the move's."""
+        bit = np.uint64(1 << ((addr >> 6) & _LINE_MASK))
+        if flags & FLAG_ENGINE:
+            if not write and not self.pending[page]:
+                self.moved_lines[page] |= bit
+        elif not (write and flags & FLAG_POSTED and self.moved_lines[page] & bit):
+            return False
+        else:
+            self.moved_lines[page] &= ~bit
+        self.counters.move_requests += 1
+        return True
 
     def _filled(self, page: int, time_ns: int) -> bool:
         """Whether ``page`` is in the data cache with its fill done at ``time_ns``."""
@@ -958,6 +992,7 @@ class Controller:
         if self.promoted[page] or self.dram_only:
             return
         assert self.cache is not None
+        self.moved_lines[page] = 0  # its frame leaves the device: no write-back to come
         if self.pending[page]:
             self.pending[page] = False
             self._pending_count -= 1
@@ -1056,6 +1091,10 @@ class Controller:
             source[rw & promoted] = Source.PROMOTED
             simple = source != Source.NONE
             counted = simple & (source == Source.CACHE)
+        if self.migration is not None:  # a page move's requests go to _step (_of_a_move)
+            flags = r["flags"]
+            simple &= (flags & FLAG_ENGINE) == 0
+            simple &= ~(write & ((flags & FLAG_POSTED) != 0) & (self.moved_lines[page] != 0))
         k = int(np.argmin(simple)) if not simple.all() else hi - lo
         if appends is not None and k:
             k = self._appends_allowed(appends[:k], k)

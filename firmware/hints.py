@@ -70,7 +70,7 @@ import numpy as np
 
 from cxlssd.abi.protocol import HINT_DEAD, HINT_NEED, MAX_HINT_PAGES, XFER_BY_OS
 from cxlssd.firmware.controller import Controller
-from cxlssd.firmware.request import FLAG_POSTED, PAGE_BYTES, PAGE_SHIFT, Op, Source
+from cxlssd.firmware.request import FLAG_ENGINE, FLAG_POSTED, PAGE_BYTES, PAGE_SHIFT, Op, Source
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,8 @@ class TransferEngine:
 
     def as_engine_work(self, requests: np.ndarray) -> np.ndarray:
         """``requests`` with those of the threads inside a bracket made the engine's:
-        issued at the bracket's begin and posted (a copy; the others unchanged)."""
+        issued at the bracket's begin, posted and marked ``FLAG_ENGINE`` (a copy; the
+        others unchanged)."""
         for key, bracket in list(self._open.items()):
             vcpu, thread = key
             if bracket.outside_looks and np.any((requests["vcpu"] == vcpu) & (requests["thread"] != thread)):
@@ -241,7 +242,7 @@ class TransferEngine:
             if self.controller.compute_timebase:  # the controller adds the vCPU's stall
                 begin_ns -= self.controller.vcpu_stall_ns(vcpu)
             engine["time_ns"][mine] = max(0, begin_ns)
-            engine["flags"][mine] |= FLAG_POSTED
+            engine["flags"][mine] |= FLAG_POSTED | FLAG_ENGINE
         self.counters.foreign_requests += int(np.count_nonzero(on_vcpus & ~claimed))
         return engine
 

@@ -22,6 +22,7 @@ from cxlssd.abi.protocol import FLAG_DIRTY, FLAG_HOST, FLAG_POSTED, FLAG_QUERY, 
 
 __all__ = [
     "FLAG_DIRTY",
+    "FLAG_ENGINE",
     "FLAG_HOST",
     "FLAG_POSTED",
     "FLAG_QUERY",
@@ -43,6 +44,10 @@ PAGE_BYTES = 4096
 LINES_PER_PAGE = PAGE_BYTES // LINE_BYTES
 PAGE_SHIFT = 12
 LINE_SHIFT = 6
+
+#: the firmware's own mark, never on the wire (the plugin sets the low four bits): a
+#: request the transfer engine made its work (a page move's copy, firmware/hints.py)
+FLAG_ENGINE = 0x80
 
 
 class Source(enum.IntEnum):

@@ -386,3 +386,42 @@ def test_a_daemon_that_leaves_unmarked_claims_nothing_after() -> None:
     s.serve(record(9_000, 300 << 12, thread=PROGRAM))
     assert stall(s) == HIT_NS + READ_NS and not s.transfers.brackets_open
     assert s.transfers.counters.os_outside_looks_ns == 0 and s.transfers.counters.foreign_requests == 0
+
+
+def demotion_look(begin_ns: int, ticket: int, old_page: int, new_page: int, copy_ns: int) -> np.ndarray:
+    """A demotion as the daemon makes it in a design without the write log: the kernel's copy
+    stores every line of the page into its new device frame, and each LLC store miss reads
+    the line for ownership (a device read, inside the look); the DEMOTED report names the
+    page the firmware promoted."""
+    parts = [mark(begin_ns, MarkerCmd.XFER_BEGIN, XFER_BY_OS | ticket << 1, DAEMON)]
+    for line in range(64):
+        parts.append(record(begin_ns + (line + 1) * copy_ns // 66, new_page << 12 | line << 6, thread=DAEMON))
+    parts.append(mark(begin_ns + 65 * copy_ns // 66, MarkerCmd.DEMOTED, old_page, DAEMON))
+    parts.append(mark(begin_ns + copy_ns, MarkerCmd.XFER_END, ticket, DAEMON))
+    return np.concatenate(parts)
+
+
+@pytest.mark.parametrize("vectorize", [True, False])
+def test_a_pages_move_does_not_count_towards_its_promotion(vectorize: bool) -> None:
+    """SkyByte's promotion thread moves pages inside the device: its copies are no host
+    accesses and count towards no promotion (artifact, ftl.cc promotion_thread). In the
+    guest the kernel's copy reaches the device: the look's reads of the new frame (the
+    stores' reads for ownership) and, later, the LLC's write-backs of the lines it dirtied.
+    Counted, they made the demoted page hot at once: promoted again, another demoted, and
+    so on (a P design without the log moved pages without end, 2026-12-06)."""
+    s = server("skybyte-p")
+    s.controller.vectorize = vectorize
+    threshold = s.controller.migration.threshold
+    assert threshold < 64
+    s.serve(demotion_look(1000, 1, old_page=7, new_page=300, copy_ns=50_000))
+    # the lines written back later, by whichever thread runs when the LLC evicts them
+    write_backs = [record(100_000 + 100 * line, 300 << 12 | line << 6, Op.WRITE, FLAG_POSTED, PROGRAM)
+                   for line in range(64)]
+    s.serve(np.concatenate(write_backs))
+    assert s.controller.cached(300)  # served by the data cache, dirty
+    assert 300 not in s.controller.pending_promotions().tolist()
+    assert s.controller.counters.move_requests == 128
+    # the program's own accesses to the page count as any other's
+    s.serve(np.concatenate([record(200_000 + 300 * k, 300 << 12 | k << 6, thread=PROGRAM)
+                            for k in range(threshold)]))
+    assert 300 in s.controller.pending_promotions().tolist()
