@@ -193,6 +193,23 @@ def test_data_survives_heavy_promotion_demotion_and_switching(default_platform: 
     assert model["demotions_applied"] > 50 and os["switches"] > 100
 
 
+def test_without_the_log_demotions_are_not_promoted_back_by_their_moves(default_platform: Platform) -> None:
+    """skybyte-cp has no write log: a demotion's stores read each line of the page's new frame
+    for ownership, and the LLC writes the lines back later. Those requests are the move's and
+    count towards no promotion (docs/host-os.md, "A move counts towards no promotion"); counted,
+    every demoted page was promoted again at once and a run with a full budget never ended."""
+    small_hot = ("--footprint", "32M", "--reads", "20000", "--hot", "4M", "--hot-share", "0.98")
+    report, roi, _ = run(
+        default_platform, "skybyte-cp", *small_hot, "--tasks", "3", "--write-share", "0.5",
+        overrides=(*SSD, *EAGER, "migration.host_capacity_bytes=512KiB"),
+    )
+    model = roi["run"]["model"]
+    print(f"without the log: {model['promotions_applied']} promotions, {model['demotions_applied']} "
+          f"demotions, {model['move_requests']} requests of the moves, {report['mismatches']} mismatches")
+    assert report["mismatches"] == 0 and report["writes"] > 1000  # (run() checked check_ok)
+    assert model["demotions_applied"] > 50 and model["move_requests"] > model["demotions_applied"]
+
+
 def test_a_host_budget_larger_than_node0_is_refused_before_anything_starts(
     default_platform: Platform,
 ) -> None:
