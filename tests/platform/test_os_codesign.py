@@ -193,6 +193,7 @@ def test_data_survives_heavy_promotion_demotion_and_switching(default_platform: 
     assert model["demotions_applied"] > 50 and os["switches"] > 100
 
 
+@pytest.mark.slow  # the default run took 27.8 min with it; the rule stays there: tests/firmware/test_hints.py
 def test_without_the_log_demotions_are_not_promoted_back_by_their_moves(default_platform: Platform) -> None:
     """skybyte-cp has no write log: a demotion's stores read each line of the page's new frame
     for ownership, and the LLC writes the lines back later. Those requests are the move's and
