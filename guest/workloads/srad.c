@@ -11,9 +11,9 @@
  * divergence, with the coefficients of the pixel and of its south and east neighbours.
  * ROI --roi (1) is the K iterations. --warm-passes N runs the K iterations N times before
  * the ROI, unmeasured, the image written again from the input before each run (SkyByte's
- * artifact measures a pass of its trace after a warm-up pass of it). With --threads N, N POSIX threads share the rows (a
- * contiguous band each) and meet at a barrier after the statistic and after each pass: every
- * pixel is computed as with one thread, bit for bit.
+ * artifact measures a pass of its trace after a warm-up pass of it). With --threads N, N
+ * POSIX threads share the rows (a contiguous band each) and meet at a barrier after the
+ * statistic and after each pass: every pixel is computed as with one thread, bit for bit.
  *
  * Self-check after the ROI: two windows of the image, the top-left one holding the
  * statistic region and the bottom-right corner, are recomputed from the input by a naive

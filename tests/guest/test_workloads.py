@@ -155,7 +155,6 @@ def test_radix_after_warm_passes_sorts_the_same_keys(runtime: Path, threads: str
         assert warm[key] == cold[key], key
 
 
-
 @pytest.mark.parametrize("threads", ["1", "3"])
 def test_srad_after_warm_passes_diffuses_the_same_image(runtime: Path, threads: str) -> None:
     """A warm pass runs the iterations, and the image is written again from the input
