@@ -20,8 +20,12 @@ follow a long delay (a task that finished). A SWITCH of the guest kernel helper
 is a query, the helper parks the thread and the scheduler runs another) costs nothing here: the switch's
 cost is the kernel's own instructions (interrupt, parking, scheduler; ~5 100
 measured), already on the vCPU's clock. One model, two triggers. The queried read
-was first charged in full by the controller; a long-delay answer takes that back
-until it is settled.
+is charged in full by the controller and stays charged until a SWITCH takes it back:
+until then the vCPU's clock is the one of a thread that waits for its data, so the
+requests it issues meanwhile (a thread that does not switch re-issues the access,
+reads the rest of the line's page) are timed after the data is there and wait for
+nothing twice. (Taking the latency back at the answer timed them before it: each
+waited for the fill in flight, and the settlement charged the fill again.)
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ class LiveContextSwitch:
         self._parked: dict[tuple[int, int], _LongDelay] = {}  # (vCPU, ticket) -> parked
 
     def query(self, vcpu: int, start_ns: int, latency_ns: int) -> tuple[int, bool, int]:
-        """A queried read (already served and charged in full): (ticket, long, ready_ns)."""
+        """A queried read (served and charged in full): (ticket, long, ready_ns)."""
         self.settle(vcpu, switched=False)
         ticket = self._tickets.get(vcpu, 0) + 1
         self._tickets[vcpu] = ticket
@@ -74,22 +78,21 @@ class LiveContextSwitch:
         if not self.policy.long_delay(latency_ns):
             return ticket, False, 0
         self.counters.long_delays += 1
-        self.controller.charge_stall(vcpu, -latency_ns)
         ready_ns = start_ns + latency_ns
         self._pending[vcpu] = _LongDelay(ticket, ready_ns, latency_ns)
         return ticket, True, ready_ns
 
     def settle(self, vcpu: int, switched: bool) -> None:
-        """The vCPU's next event after a long-delay answer: parked if it switched away,
-        else charged in full."""
+        """The vCPU's next event after a long-delay answer: if it switched away the
+        read is parked and its latency taken back, else it stays charged in full."""
         pending = self._pending.pop(vcpu, None)
         if pending is None:
             return
         if switched:
+            self.controller.charge_stall(vcpu, -pending.latency_ns)
             self._parked[(vcpu, pending.ticket)] = pending
         else:
             self.counters.ignored += 1
-            self.controller.charge_stall(vcpu, pending.latency_ns)
 
     def marker(self, vcpu: int, cmd: int, arg: int, local_ns: int) -> None:
         """A marker of ``vcpu`` at its local clock ``local_ns`` (any command)."""
