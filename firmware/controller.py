@@ -905,11 +905,14 @@ class Controller:
     def _of_a_move(self, page: int, addr: int, write: bool, flags: int) -> bool:
         """Whether a request is a page move's (module docstring), noting the lines the
         engine reads of a page not being promoted: their write-back will be the move's."""
+        posted_write = write and flags & FLAG_POSTED
+        if not (flags & FLAG_ENGINE or posted_write):
+            return False  # (most requests: no line bit to build)
         bit = np.uint64(1 << ((addr >> 6) & _LINE_MASK))
         if flags & FLAG_ENGINE:
             if not write and not self.pending[page]:
                 self.moved_lines[page] |= bit
-        elif not (write and flags & FLAG_POSTED and self.moved_lines[page] & bit):
+        elif not self.moved_lines[page] & bit:
             return False
         else:
             self.moved_lines[page] &= ~bit
