@@ -20,12 +20,14 @@ follow a long delay (a task that finished). A SWITCH of the guest kernel helper
 is a query, the helper parks the thread and the scheduler runs another) costs nothing here: the switch's
 cost is the kernel's own instructions (interrupt, parking, scheduler; ~5 100
 measured), already on the vCPU's clock. One model, two triggers. The queried read
-is charged in full by the controller and stays charged until a SWITCH takes it back:
-until then the vCPU's clock is the one of a thread that waits for its data, so the
-requests it issues meanwhile (a thread that does not switch re-issues the access,
-reads the rest of the line's page) are timed after the data is there and wait for
-nothing twice. (Taking the latency back at the answer timed them before it: each
-waited for the fill in flight, and the settlement charged the fill again.)
+is charged in full by the controller and stays charged until a SWITCH takes it back.
+Until then the vCPU's clock is that of a thread that waits for its data, so the
+requests it issues meanwhile (a thread that does not switch re-issues the access and
+reads the rest of its page) are timed after the data is there. Taking the latency
+back at the answer timed them before it: each waited for the fill in flight, and the
+settlement charged the flash read again. (A load the vCPU runs between the answer
+and the helper's switch is timed after the wait as well; the switch takes back only
+the queried read's latency.)
 """
 
 from __future__ import annotations
