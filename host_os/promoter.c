@@ -161,13 +161,6 @@ static void scan(void)
     fclose(maps);
 }
 
-static void move_page(uint64_t va, int node)
-{
-    void *page = (void *)va;
-    int status = -1;
-    syscall(SYS_move_pages, D.pid, 1ul, &page, &node, &status, MPOL_MF_MOVE);
-}
-
 /* ---- the decisions ------------------------------------------------------------------ */
 
 static void failed(uint64_t page)
@@ -281,40 +274,87 @@ static void remember(uint64_t page, uint64_t va)
     D.promoted_va[D.n_promoted++] = va;
 }
 
-/* Promote `n` device pages with one move_pages(2) call (the kernel's per-call work,
- * draining LRU lists and flushing TLBs, is paid once for the batch). */
-static void promote(const uint64_t *pages, unsigned n)
+/* Where a promoted device page is in the child now: its index in D.promoted_page, or
+ * D.n_promoted if it is not there. */
+static uint64_t promoted_index(uint64_t page)
+{
+    uint64_t i = 0;
+    while (i < D.n_promoted && D.promoted_page[i] != page)
+        i++;
+    return i;
+}
+
+/* One batch of decisions carried out with one move_pages(2) call: demotions first (they
+ * make room; the kernel moves a call's pages in order), then promotions. The kernel's
+ * per-call work (lru_cache_disable: an expedited RCU grace period and an LRU drain on
+ * every CPU, kworkers included, during which the daemon leaves its CPU) is paid once a
+ * look: with a call per demotion, a look with a full budget blocked ~17 times (tpcc,
+ * skybyte-p, 3 threads), and the kernel threads it waited for ran on the program's clock. */
+static void move(const uint64_t *decisions, unsigned n)
 {
     void *at[MAX_BATCH];
-    uint64_t which[MAX_BATCH];
+    uint64_t which[MAX_BATCH], ram_pa[MAX_BATCH], unmapped[MAX_BATCH];
     int nodes[MAX_BATCH], status[MAX_BATCH];
-    unsigned k = 0;
-    for (unsigned i = 0; i < n; i++) {
-        const uint64_t va = virtual_page(pages[i]);
-        if (va == 0) {
-            D.unmapped++;
-            failed(pages[i]);
-            continue;
+    unsigned k = 0, demotions = 0, n_unmapped = 0;
+    for (int demoting = 1; demoting >= 0; demoting--) {
+        for (unsigned i = 0; i < n; i++) {
+            const uint64_t page = decisions[i] & ~CXLSSD_PV_DEMOTE;
+            if (!(decisions[i] & CXLSSD_PV_DEMOTE) != !demoting)
+                continue;
+            if (demoting) {
+                const uint64_t j = promoted_index(page);
+                const uint64_t va = j < D.n_promoted ? D.promoted_va[j] : 0;
+                const uint64_t entry = va ? pagemap_entry(va) : 0;
+                if (j < D.n_promoted) { /* forgotten whether it moves or not: the firmware does */
+                    D.promoted_page[j] = D.promoted_page[--D.n_promoted];
+                    D.promoted_va[j] = D.promoted_va[D.n_promoted];
+                }
+                D.demoted++;
+                if (!(entry & PAGE_PRESENT)) { /* gone (the child freed it): reported, not moved */
+                    cxlssd_report(CXLSSD_CMD_DEMOTED, page, 0);
+                    continue;
+                }
+                at[k] = (void *)va;
+                ram_pa[k] = (entry & PFN_MASK) << PAGE_SHIFT;
+                nodes[k] = D.cxl_node;
+                demotions++;
+            } else {
+                const uint64_t va = virtual_page(page);
+                if (va == 0) { /* reported after the demotions, as it failed after them */
+                    unmapped[n_unmapped++] = page;
+                    continue;
+                }
+                at[k] = (void *)va;
+                nodes[k] = D.dram_node;
+            }
+            which[k++] = page;
         }
-        at[k] = (void *)va;
-        which[k] = pages[i];
-        nodes[k++] = D.dram_node;
     }
-    if (k == 0)
-        return;
-    if (syscall(SYS_move_pages, D.pid, (unsigned long)k, at, nodes, status, MPOL_MF_MOVE) < 0) {
-        D.other_status = -errno; /* the call failed as a whole */
-        for (unsigned i = 0; i < k; i++)
-            failed(which[i]);
-        return;
-    }
-    for (unsigned i = 0; i < k; i++) {
+    long moved = 0;
+    if (k > 0 && (moved = syscall(SYS_move_pages, D.pid, (unsigned long)k, at, nodes, status, MPOL_MF_MOVE)) < 0)
+        D.other_status = -errno; /* the call failed as a whole: nothing moved */
+    for (unsigned i = 0; i < demotions; i++) {
         const uint64_t now = pagemap_entry((uint64_t)at[i]);
-        if (status[i] != D.dram_node || !(now & PAGE_PRESENT)) { /* the status is the page's node */
-            D.shared += status[i] == -EACCES;
-            D.busy += status[i] == -EBUSY;
-            if (status[i] != -EACCES && status[i] != -EBUSY)
-                D.other_status = status[i];
+        /* its new device page, known without a scan (a move is not the child's fault) */
+        const uint64_t pfn = now & PFN_MASK;
+        if ((now & PAGE_PRESENT) && pfn >= D.first_pfn && pfn <= D.last_pfn)
+            D.va_of[pfn - D.first_pfn] = (uint64_t)at[i];
+        /* reported whatever became of it: the firmware forgets it */
+        cxlssd_report(CXLSSD_CMD_DEMOTED, which[i], ram_pa[i]);
+    }
+    for (unsigned i = 0; i < n_unmapped; i++) {
+        D.unmapped++;
+        failed(unmapped[i]);
+    }
+    for (unsigned i = demotions; i < k; i++) {
+        const uint64_t now = pagemap_entry((uint64_t)at[i]);
+        if (moved < 0 || status[i] != D.dram_node || !(now & PAGE_PRESENT)) { /* the status is the page's node */
+            if (moved >= 0) {
+                D.shared += status[i] == -EACCES;
+                D.busy += status[i] == -EBUSY;
+                if (status[i] != -EACCES && status[i] != -EBUSY)
+                    D.other_status = status[i];
+            }
             failed(which[i]);
             continue;
         }
@@ -322,31 +362,6 @@ static void promote(const uint64_t *pages, unsigned n)
         D.promoted++;
         cxlssd_report(CXLSSD_CMD_PROMOTED, which[i], (now & PFN_MASK) << PAGE_SHIFT);
     }
-}
-
-static void demote(uint64_t page)
-{
-    uint64_t i = 0;
-    while (i < D.n_promoted && D.promoted_page[i] != page)
-        i++;
-    uint64_t ram_pa = 0;
-    if (i < D.n_promoted) {
-        const uint64_t va = D.promoted_va[i];
-        const uint64_t entry = pagemap_entry(va);
-        if (entry & PAGE_PRESENT) {
-            ram_pa = (entry & PFN_MASK) << PAGE_SHIFT;
-            move_page(va, D.cxl_node);
-            /* its new device page, known without a scan (a move is not the child's fault) */
-            const uint64_t pfn = pagemap_entry(va) & PFN_MASK;
-            if (pfn >= D.first_pfn && pfn <= D.last_pfn)
-                D.va_of[pfn - D.first_pfn] = va;
-        }
-        D.promoted_page[i] = D.promoted_page[--D.n_promoted];
-        D.promoted_va[i] = D.promoted_va[D.n_promoted];
-    }
-    D.demoted++;
-    /* reported even if the page is gone (the child freed it): the firmware forgets it */
-    cxlssd_report(CXLSSD_CMD_DEMOTED, page, ram_pa);
 }
 
 /* Carry out the decisions the mailbox holds now (not those posted meanwhile: the
@@ -364,20 +379,13 @@ static unsigned drain(volatile unsigned long long *pv)
     volatile struct cxlssd_pv_mailbox *box =
         (volatile struct cxlssd_pv_mailbox *)((volatile char *)pv + header->mailbox_offset);
     const uint64_t head = box->head, tail = box->tail;
-    uint64_t batch[MAX_BATCH], promotions[MAX_BATCH];
-    unsigned n = 0, done = 0;
+    uint64_t batch[MAX_BATCH];
+    unsigned done = 0;
     for (uint64_t at = tail; at != head && done < MAX_BATCH; at++)
         batch[done++] = box->entries[at % entries];
     box->taken = tail + done;
     D.looked = D.reopened = 0;
-    /* demotions first (they make room), promotions in one batch */
-    for (unsigned i = 0; i < done; i++) {
-        if (batch[i] & CXLSSD_PV_DEMOTE)
-            demote(batch[i] & ~CXLSSD_PV_DEMOTE);
-        else
-            promotions[n++] = batch[i];
-    }
-    promote(promotions, n);
+    move(batch, done);
     box->tail = tail + done;
     return done;
 }

@@ -191,6 +191,14 @@ def test_data_survives_heavy_promotion_demotion_and_switching(default_platform: 
           f"{report['mismatches']} mismatches")
     assert report["mismatches"] == 0 and report["writes"] > 1000  # (run() checked check_ok)
     assert model["demotions_applied"] > 50 and os["switches"] > 100
+    # a look's demotions and promotions go in one move_pages(2) call, so the daemon leaves
+    # its CPU inside a look about once (the call's lru_cache_disable), not once per demotion
+    # (a call each: ~17 times a look on skybyte.yaml's tpcc, docs/host-os.md)
+    transfers = roi["run"]["transfers"]
+    print(f"{transfers['os_looks']} looks moved {transfers['os_pages']} pages; the daemon left its CPU "
+          f"{transfers['os_switched_out']} times in them, {transfers['os_others_ns']} ns of others' time")
+    assert transfers["os_pages"] > 2 * transfers["os_looks"]
+    assert transfers["os_switched_out"] <= 2 * transfers["os_looks"]
 
 
 @pytest.mark.slow  # the default run took 27.8 min with it; the rule stays there: tests/firmware/test_hints.py
