@@ -295,40 +295,40 @@ static void move(const uint64_t *decisions, unsigned n)
     void *at[MAX_BATCH];
     uint64_t which[MAX_BATCH], ram_pa[MAX_BATCH], unmapped[MAX_BATCH];
     int nodes[MAX_BATCH], status[MAX_BATCH];
-    unsigned k = 0, demotions = 0, n_unmapped = 0;
-    for (int demoting = 1; demoting >= 0; demoting--) {
-        for (unsigned i = 0; i < n; i++) {
-            const uint64_t page = decisions[i] & ~CXLSSD_PV_DEMOTE;
-            if (!(decisions[i] & CXLSSD_PV_DEMOTE) != !demoting)
-                continue;
-            if (demoting) {
-                const uint64_t j = promoted_index(page);
-                const uint64_t va = j < D.n_promoted ? D.promoted_va[j] : 0;
-                const uint64_t entry = va ? pagemap_entry(va) : 0;
-                if (j < D.n_promoted) { /* forgotten whether it moves or not: the firmware does */
-                    D.promoted_page[j] = D.promoted_page[--D.n_promoted];
-                    D.promoted_va[j] = D.promoted_va[D.n_promoted];
-                }
-                D.demoted++;
-                if (!(entry & PAGE_PRESENT)) { /* gone (the child freed it): reported, not moved */
-                    cxlssd_report(CXLSSD_CMD_DEMOTED, page, 0);
-                    continue;
-                }
-                at[k] = (void *)va;
-                ram_pa[k] = (entry & PFN_MASK) << PAGE_SHIFT;
-                nodes[k] = D.cxl_node;
-                demotions++;
-            } else {
-                const uint64_t va = virtual_page(page);
-                if (va == 0) { /* reported after the demotions, as it failed after them */
-                    unmapped[n_unmapped++] = page;
-                    continue;
-                }
-                at[k] = (void *)va;
-                nodes[k] = D.dram_node;
-            }
-            which[k++] = page;
+    unsigned k = 0, n_unmapped = 0;
+    for (unsigned i = 0; i < n; i++) { /* demotions first: they make room */
+        if (!(decisions[i] & CXLSSD_PV_DEMOTE))
+            continue;
+        const uint64_t page = decisions[i] & ~CXLSSD_PV_DEMOTE;
+        const uint64_t j = promoted_index(page);
+        const uint64_t va = j < D.n_promoted ? D.promoted_va[j] : 0;
+        const uint64_t entry = va ? pagemap_entry(va) : 0;
+        if (j < D.n_promoted) { /* forgotten whether it moves or not: the firmware does */
+            D.promoted_page[j] = D.promoted_page[--D.n_promoted];
+            D.promoted_va[j] = D.promoted_va[D.n_promoted];
         }
+        D.demoted++;
+        if (!(entry & PAGE_PRESENT)) { /* gone (the child freed it): reported, not moved */
+            cxlssd_report(CXLSSD_CMD_DEMOTED, page, 0);
+            continue;
+        }
+        at[k] = (void *)va;
+        ram_pa[k] = (entry & PFN_MASK) << PAGE_SHIFT;
+        nodes[k] = D.cxl_node;
+        which[k++] = page;
+    }
+    const unsigned demotions = k;
+    for (unsigned i = 0; i < n; i++) {
+        if (decisions[i] & CXLSSD_PV_DEMOTE)
+            continue;
+        const uint64_t va = virtual_page(decisions[i]);
+        if (va == 0) { /* reported after the demotions, as it failed after them */
+            unmapped[n_unmapped++] = decisions[i];
+            continue;
+        }
+        at[k] = (void *)va;
+        nodes[k] = D.dram_node;
+        which[k++] = decisions[i];
     }
     long moved = 0;
     if (k > 0 && (moved = syscall(SYS_move_pages, D.pid, (unsigned long)k, at, nodes, status, MPOL_MF_MOVE)) < 0)
