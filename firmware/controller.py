@@ -72,6 +72,7 @@ from cxlssd.firmware.profile import Profile
 from cxlssd.firmware.request import (
     FLAG_DIRTY,
     FLAG_ENGINE,
+    FLAG_OS_MOVE,
     FLAG_POSTED,
     LINE_BYTES,
     PAGE_BYTES,
@@ -161,6 +162,9 @@ class ModelCounters:
     promotions_failed: int = 0  # decided, then given up by the host (host-managed)
     host_accesses: int = 0  # LLC misses served by promoted pages in host DRAM (host-managed)
     move_requests: int = 0  # page moves' requests, counted towards no promotion (docstring)
+    demotion_reads_unfilled: int = 0  # a demotion's reads of its new frame, not cached: no fill
+    demotion_programs: int = 0  # demoted pages programmed whole, past the data cache
+    left_behind_writes: int = 0  # write-backs to a frame freed by its promotion (host DRAM's)
 
 
 class Controller:
@@ -235,6 +239,12 @@ class Controller:
         # per page, the lines a move's copy read for ownership: their next write-back is
         # the move's too (see the module's docstring)
         self.moved_lines = np.zeros(device_pages, dtype=np.uint64)
+        # per page, the lines of a demotion's new frame read for ownership while it was not
+        # cached: their write-backs go past the data cache (_demotion_past_cache)
+        self.demoted_lines = np.zeros(device_pages, dtype=np.uint64)
+        # host-managed: frames their promotion freed, until the guest reuses them
+        # (_left_behind)
+        self.freed_by_promotion = np.zeros(device_pages, dtype=bool)
         self._epoch = 0
         self._window_left = migration.window_accesses if migration else 0
         self._window_promoted = 0
@@ -555,6 +565,7 @@ class Controller:
         # to a page whose lines a move read
         engine_list = (chunk["flags"] & FLAG_ENGINE).tolist() if self.migration is not None else [0] * n
         moved_lines = self.moved_lines.data
+        freed = self.freed_by_promotion.data
         starts = [0] * n
         lats = [0] * n
         srcs = [0] * n
@@ -633,7 +644,9 @@ class Controller:
             i += 1
             page = addr >> 12
             start = time_ns + stall[vcpu] if compute else time_ns
-            if op > 1 or engine or (posted and op == 1 and mig is not None and moved_lines[page]):
+            if op > 1 or engine or (
+                mig is not None and (freed[page] or (posted and op == 1 and moved_lines[page]))
+            ):
                 slow = True
             else:
                 slow = False
@@ -855,6 +868,11 @@ class Controller:
             self._window_promoted += 1
             if write:
                 self.promoted_dirty[page] = True
+        elif self.freed_by_promotion[page] and self._left_behind(page, write, flags):
+            latency, source = self.latencies.host_dram_ns, Source.PROMOTED
+            self.last_access[page] = seq
+            self._window_promoted += 1
+            c.left_behind_writes += 1
         else:
             line = (addr >> 6) & _LINE_MASK
             wlog = self.log
@@ -869,7 +887,13 @@ class Controller:
             else:
                 assert self.cache is not None
                 slot = int(self.cache.slot_of_page[page])
-                if slot >= 0:
+                if moving and self.demoted_lines[page] and write:
+                    past_cache = self._demoted_line_written(page, addr, slot < 0, start)
+                else:
+                    past_cache = moving and slot < 0 and not write and self._demotion_read(page, addr, flags)
+                if past_cache:
+                    latency, source = self._lat_hit, Source.CACHE
+                elif slot >= 0:
                     self.cache.policy.hit(slot, seq)
                     if write:
                         self.cache.dirty[slot] = True
@@ -918,6 +942,47 @@ class Controller:
             self.moved_lines[page] &= ~bit
         self.counters.move_requests += 1
         return True
+
+    def _left_behind(self, page: int, write: bool, flags: int) -> bool:
+        """Whether a request is the LLC's write-back of a line it held of a page before the
+        guest promoted it (the kernel's copy read the line; the dirty copy stays in the LLC
+        at the old frame's address). In SkyByte the page keeps its address and the line
+        lands in the promoted copy in host DRAM (artifact, ftl.cc: ``host_dram`` is looked
+        up first), so it costs the device nothing and counts as a promoted page's access.
+        Any other request means the guest reuses the frame (a read for ownership of its
+        new data, a W design's store): the frame is the device's again."""
+        assert self.cache is not None
+        if write and flags & FLAG_POSTED and self.cache.slot_of_page[page] < 0:
+            return True
+        self.freed_by_promotion[page] = False
+        return False
+
+    def _demotion_read(self, page: int, addr: int, flags: int) -> bool:
+        """Whether a read is a demotion's, of its new frame (not cached): the guest's copy
+        reads each line for ownership and overwrites it, so no data is needed. SkyByte
+        writes a demoted page to flash past the data cache (artifact, ftl.cc
+        ``promotion_thread``: ``single_block_write``; with the write log, 64 appends, which
+        a W design's write-backs are here), so the frame gets no fill and no slot; its
+        line is noted for its write-back."""
+        if not flags & FLAG_OS_MOVE or self.pending[page]:
+            return False  # a promotion's copy reads its page's data
+        self.demoted_lines[page] |= np.uint64(1 << ((addr >> 6) & _LINE_MASK))
+        self.counters.demotion_reads_unfilled += 1
+        return True
+
+    def _demoted_line_written(self, page: int, addr: int, uncached: bool, now: int) -> bool:
+        """A write-back of a line noted by :meth:`_demotion_read`: past the data cache
+        while the page is not cached (the last such line programs the page once, as
+        SkyByte's block write); into the cache if the guest has read the page in since."""
+        bit = np.uint64(1 << ((addr >> 6) & _LINE_MASK))
+        if not self.demoted_lines[page] & bit:
+            return False
+        self.demoted_lines[page] &= ~bit
+        if uncached and not self.demoted_lines[page]:
+            assert self.flash is not None
+            self.flash.program(page, now)
+            self.counters.demotion_programs += 1
+        return uncached
 
     def _filled(self, page: int, time_ns: int) -> bool:
         """Whether ``page`` is in the data cache with its fill done at ``time_ns``."""
@@ -996,11 +1061,18 @@ class Controller:
             return
         assert self.cache is not None
         self.moved_lines[page] = 0  # its frame leaves the device: no write-back to come
+        self.demoted_lines[page] = 0
         if self.pending[page]:
             self.pending[page] = False
             self._pending_count -= 1
         if self.host_managed:
-            # the device page was freed: nothing to serve from here, only the budget
+            # the device page was freed: nothing to serve from here, only the budget.
+            # Its data cache slot is freed too, dirty or not (the data is in host DRAM):
+            # SkyByte evicts a promoted page from the SSD DRAM (artifact, ftl.cc
+            # promotion_thread: do_promotion_evict)
+            assert self.cache is not None
+            self.cache.invalidate(page)
+            self.freed_by_promotion[page] = True
             self.last_access[page] = self._seq
             self._host_pages[page] = self._host_pages.get(page, 0) + 1
             self._host_total += 1
@@ -1098,6 +1170,7 @@ class Controller:
             flags = r["flags"]
             simple &= (flags & FLAG_ENGINE) == 0
             simple &= ~(write & ((flags & FLAG_POSTED) != 0) & (self.moved_lines[page] != 0))
+            simple &= ~self.freed_by_promotion[page]
         k = int(np.argmin(simple)) if not simple.all() else hi - lo
         if appends is not None and k:
             k = self._appends_allowed(appends[:k], k)

@@ -70,7 +70,7 @@ import numpy as np
 
 from cxlssd.abi.protocol import HINT_DEAD, HINT_NEED, MAX_HINT_PAGES, XFER_BY_OS
 from cxlssd.firmware.controller import Controller
-from cxlssd.firmware.request import FLAG_ENGINE, FLAG_POSTED, PAGE_BYTES, PAGE_SHIFT, Op, Source
+from cxlssd.firmware.request import FLAG_ENGINE, FLAG_OS_MOVE, FLAG_POSTED, PAGE_BYTES, PAGE_SHIFT, Op, Source
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +242,7 @@ class TransferEngine:
             if self.controller.compute_timebase:  # the controller adds the vCPU's stall
                 begin_ns -= self.controller.vcpu_stall_ns(vcpu)
             engine["time_ns"][mine] = max(0, begin_ns)
-            engine["flags"][mine] |= FLAG_POSTED | FLAG_ENGINE
+            engine["flags"][mine] |= FLAG_POSTED | FLAG_ENGINE | (FLAG_OS_MOVE if bracket.by_os else 0)
         self.counters.foreign_requests += int(np.count_nonzero(on_vcpus & ~claimed))
         return engine
 

@@ -24,6 +24,7 @@ __all__ = [
     "FLAG_DIRTY",
     "FLAG_ENGINE",
     "FLAG_HOST",
+    "FLAG_OS_MOVE",
     "FLAG_POSTED",
     "FLAG_QUERY",
     "LINES_PER_PAGE",
@@ -48,6 +49,9 @@ LINE_SHIFT = 6
 #: the firmware's own mark, never on the wire (the plugin sets the low four bits): a
 #: request the transfer engine made its work (a page move's copy, firmware/hints.py)
 FLAG_ENGINE = 0x80
+#: ... with the guest OS's promotion daemon as the engine (an ``XFER_BY_OS`` bracket): a
+#: device read of a page not being promoted is a demotion's store to its new frame
+FLAG_OS_MOVE = 0x40
 
 
 class Source(enum.IntEnum):

@@ -51,10 +51,10 @@ def server(design: str = "base-cssd", *overrides: str) -> StreamServer:
 
 
 def promotion(begin_ns: int, ticket: int, pages: list[int], copy_ns: int, thread: int = 0,
-              by_os: bool = False) -> np.ndarray:
+              by_os: bool = False, report: bool = True) -> np.ndarray:
     """A promotion move as the guest makes it: the kernel's copy reads every line of each page
     (over ``copy_ns`` of local time), the library (``by_os``: the promotion daemon, one look
-    at the mailbox) reports each page; every record is ``thread``'s."""
+    at the mailbox) reports each page (unless not ``report``); every record is ``thread``'s."""
     parts = [mark(begin_ns, MarkerCmd.XFER_BEGIN, (XFER_BY_OS if by_os else 0) | ticket << 1, thread)]
     step = copy_ns // (len(pages) * 64 + 1)
     t = begin_ns
@@ -62,7 +62,8 @@ def promotion(begin_ns: int, ticket: int, pages: list[int], copy_ns: int, thread
         for line in range(64):
             t += step
             parts.append(record(t, page << 12 | line << 6, thread=thread))
-        parts.append(mark(t, MarkerCmd.PROMOTED, page, thread))
+        if report:
+            parts.append(mark(t, MarkerCmd.PROMOTED, page, thread))
     parts.append(mark(begin_ns + copy_ns, MarkerCmd.XFER_END, ticket, thread))
     return np.concatenate(parts)
 
@@ -89,12 +90,13 @@ def test_the_copys_device_work_is_booked_from_the_begin_not_along_the_time_taken
     """The engine reads every page from the bracket's begin, so a read of a copied page right
     after the bracket is a plain SSD-DRAM hit. Served at the vCPU's own times, the last
     page's fill was booked ~440 us later than that: the read waited for it, and the time
-    taken back from the vCPU came back as stall."""
+    taken back from the vCPU came back as stall. (The pages are not reported: a promoted
+    page leaves the data cache.)"""
     s = server()
-    s.serve(promotion(1000, 1, list(range(100, 108)), copy_ns=500_000))
-    assert stall(s) == host_ns(8) - 500_000  # the vCPU's clock: begin + the remap
+    s.serve(promotion(1000, 1, list(range(100, 108)), copy_ns=500_000, report=False))
+    assert stall(s) == host_ns(0) - 500_000  # the vCPU's clock: begin + the bracket's remap
     before = stall(s)
-    s.serve(record(1000 + 500_000 + 10, 107 << 12))
+    s.serve(record(1000 + 500_000 + 10_000, 107 << 12))  # 10 us after the begin, in the vCPU's time
     assert stall(s) - before == HIT_NS
 
 
@@ -247,9 +249,8 @@ def test_the_daemons_moves_cost_the_program_nothing_as_skybytes_promotion_thread
     assert t.os_busy_ns > 0 and (t.transfers, t.pages, t.guest_copy_ns) == (0, 0, 0)
     s.serve(mark(600_000, MarkerCmd.XFER_WAIT, 1, DAEMON))  # not a transfer anyone waits for
     assert t.waits == 0
-    before = stall(s)
-    s.serve(record(600_010, 107 << 12))  # the engine read it at the look's begin: a hit
-    assert stall(s) - before == HIT_NS
+    # promoted, the pages left the data cache (SkyByte: do_promotion_evict)
+    assert not any(s.controller.cached(page) for page in range(100, 108))
 
 
 def test_the_daemons_cpu_part_is_a_knob_and_an_empty_look_costs_nothing() -> None:
@@ -418,10 +419,61 @@ def test_a_pages_move_does_not_count_towards_its_promotion(vectorize: bool) -> N
     write_backs = [record(100_000 + 100 * line, 300 << 12 | line << 6, Op.WRITE, FLAG_POSTED, PROGRAM)
                    for line in range(64)]
     s.serve(np.concatenate(write_backs))
-    assert s.controller.cached(300)  # served by the data cache, dirty
     assert 300 not in s.controller.pending_promotions().tolist()
-    assert s.controller.counters.move_requests == 128
-    # the program's own accesses to the page count as any other's
+    c = s.controller.counters
+    assert c.move_requests == 128
+    # past the data cache, as SkyByte's demotion: no fill for the ownership reads, one program
+    assert not s.controller.cached(300) and c.cache_misses == 0
+    assert (c.demotion_reads_unfilled, c.demotion_programs) == (64, 1)
+    assert s.controller.flash.counters.programs_host == 1
+    # the program's own accesses to the page count as any other's (the first fills it)
     s.serve(np.concatenate([record(200_000 + 300 * k, 300 << 12 | k << 6, thread=PROGRAM)
-                            for k in range(threshold)]))
+                            for k in range(threshold + 1)]))
     assert 300 in s.controller.pending_promotions().tolist()
+
+
+@pytest.mark.parametrize("vectorize", [True, False])
+def test_a_demotion_goes_past_the_data_cache_unless_its_frame_is_cached(vectorize: bool) -> None:
+    """SkyByte writes a demoted page to flash past the SSD DRAM (artifact, ftl.cc
+    promotion_thread: single_block_write) and evicts a promoted one from it
+    (do_promotion_evict). A new frame the data cache already holds takes the demotion's
+    lines there, as any write; another engine's copy (not the daemon's) reads its data."""
+    s = server("skybyte-p")
+    s.controller.vectorize = vectorize
+    s.serve(record(500, 300 << 12, thread=PROGRAM))  # the new frame is cached
+    s.serve(demotion_look(1000, 1, old_page=7, new_page=300, copy_ns=50_000))
+    write_backs = [record(100_000 + 100 * line, 300 << 12 | line << 6, Op.WRITE, FLAG_POSTED, PROGRAM)
+                   for line in range(64)]
+    s.serve(np.concatenate(write_backs))
+    c = s.controller.counters
+    assert s.controller.cached(300) and c.cache_misses == 1
+    assert (c.demotion_reads_unfilled, c.demotion_programs) == (0, 0)
+    # the program's transfer engine (offload, not XFER_BY_OS) reads what it copies
+    s.serve(promotion(200_000, 2, [400], copy_ns=10_000, thread=PROGRAM, report=False))
+    assert s.controller.cached(400) and c.cache_misses == 2
+    # a promoted page leaves the data cache
+    s.serve(mark(300_000, MarkerCmd.PROMOTED, 300, DAEMON))
+    assert not s.controller.cached(300)
+
+
+@pytest.mark.parametrize("vectorize", [True, False])
+def test_write_backs_left_behind_by_a_promotion_cost_the_device_nothing(vectorize: bool) -> None:
+    """The LLC still holds dirty lines of a page the guest promoted (the kernel's copy read
+    them there) and writes them back to the freed frame later. In SkyByte the page keeps its
+    address and those lines land in its promoted copy in host DRAM; here they cost the
+    device nothing and count as a promoted page's accesses, until the guest reuses the
+    frame (any other request), which is then the device's again."""
+    s = server("skybyte-p")
+    s.controller.vectorize = vectorize
+    c = s.controller.counters
+    s.serve(record(500, 300 << 12, Op.WRITE, thread=PROGRAM))  # cached, dirty
+    s.serve(mark(1_000, MarkerCmd.PROMOTED, 300, DAEMON))
+    s.serve(np.concatenate([record(2_000 + line, 300 << 12 | line << 6, Op.WRITE, FLAG_POSTED, PROGRAM)
+                            for line in range(4)]))
+    assert c.left_behind_writes == 4 and c.served["promoted"] == 4
+    assert not s.controller.cached(300) and c.cache_misses == 1
+    before = stall(s)
+    s.serve(record(3_000, 300 << 12 | 5 << 6, thread=PROGRAM))  # the frame's new owner reads it
+    assert c.cache_misses == 2 and stall(s) - before > HIT_NS
+    s.serve(record(4_000, 300 << 12 | 6 << 6, Op.WRITE, FLAG_POSTED, PROGRAM))
+    assert c.left_behind_writes == 4 and s.controller.cached(300)
