@@ -240,7 +240,7 @@ class Controller:
         # the move's too (see the module's docstring)
         self.moved_lines = np.zeros(device_pages, dtype=np.uint64)
         # per page, the lines of a demotion's new frame read for ownership while it was not
-        # cached: their write-backs go past the data cache (_demotion_past_cache)
+        # cached: their write-backs go past the data cache (_demoted_line_written)
         self.demoted_lines = np.zeros(device_pages, dtype=np.uint64)
         # host-managed: frames their promotion freed, until the guest reuses them
         # (_left_behind)
@@ -961,9 +961,9 @@ class Controller:
         """Whether a read is a demotion's, of its new frame (not cached): the guest's copy
         reads each line for ownership and overwrites it, so no data is needed. SkyByte
         writes a demoted page to flash past the data cache (artifact, ftl.cc
-        ``promotion_thread``: ``single_block_write``; with the write log, 64 appends, which
-        a W design's write-backs are here), so the frame gets no fill and no slot; its
-        line is noted for its write-back."""
+        ``promotion_thread``: ``single_block_write``; with the write log, 64 appends, as a
+        W design's stores are here, with no read), so the frame gets no fill and no slot;
+        its line is noted for its write-back."""
         if not flags & FLAG_OS_MOVE or self.pending[page]:
             return False  # a promotion's copy reads its page's data
         self.demoted_lines[page] |= np.uint64(1 << ((addr >> 6) & _LINE_MASK))
@@ -1060,7 +1060,9 @@ class Controller:
         if self.promoted[page] or self.dram_only:
             return
         assert self.cache is not None
-        self.moved_lines[page] = 0  # its frame leaves the device: no write-back to come
+        # its frame leaves the device: no move's write-back to come (what the LLC still
+        # holds of the page is left behind: _left_behind)
+        self.moved_lines[page] = 0
         self.demoted_lines[page] = 0
         if self.pending[page]:
             self.pending[page] = False
