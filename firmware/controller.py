@@ -96,6 +96,11 @@ _LINE_MASK = 63
 _VEC_START, _VEC_MIN, _VEC_MAX, _SCALAR_RUN = 256, 64, 1 << 16, 1024
 
 
+def _line_bit(addr: int) -> np.uint64:
+    """The bit of ``addr``'s line in a page's 64-bit line mask."""
+    return np.uint64(1 << ((addr >> 6) & _LINE_MASK))
+
+
 @dataclass(frozen=True)
 class Latencies:
     """The terms of SkyByte's latencies (ns). Its published figures are totals as the
@@ -932,7 +937,7 @@ class Controller:
         posted_write = write and flags & FLAG_POSTED
         if not (flags & FLAG_ENGINE or posted_write):
             return False  # (most requests: no line bit to build)
-        bit = np.uint64(1 << ((addr >> 6) & _LINE_MASK))
+        bit = _line_bit(addr)
         if flags & FLAG_ENGINE:
             if not write and not self.pending[page]:
                 self.moved_lines[page] |= bit
@@ -966,7 +971,7 @@ class Controller:
         its line is noted for its write-back."""
         if not flags & FLAG_OS_MOVE or self.pending[page]:
             return False  # a promotion's copy reads its page's data
-        self.demoted_lines[page] |= np.uint64(1 << ((addr >> 6) & _LINE_MASK))
+        self.demoted_lines[page] |= _line_bit(addr)
         self.counters.demotion_reads_unfilled += 1
         return True
 
@@ -974,7 +979,7 @@ class Controller:
         """A write-back of a line noted by :meth:`_demotion_read`: past the data cache
         while the page is not cached (the last such line programs the page once, as
         SkyByte's block write); into the cache if the guest has read the page in since."""
-        bit = np.uint64(1 << ((addr >> 6) & _LINE_MASK))
+        bit = _line_bit(addr)
         if not self.demoted_lines[page] & bit:
             return False
         self.demoted_lines[page] &= ~bit
