@@ -166,6 +166,9 @@ class ModelCounters:
     dirty_demotions: int = 0
     promotions_failed: int = 0  # decided, then given up by the host (host-managed)
     host_accesses: int = 0  # LLC misses served by promoted pages in host DRAM (host-managed)
+    # ... of them, a move's copies (a demotion reading its page from host DRAM): the
+    # device's work, counted towards no promotion and no recency
+    move_host_accesses: int = 0
     move_requests: int = 0  # page moves' requests, counted towards no promotion (docstring)
     demotion_reads_unfilled: int = 0  # a demotion's reads of its new frame, not cached: no fill
     demotion_programs: int = 0  # demoted pages programmed whole, past the data cache
@@ -392,21 +395,31 @@ class Controller:
         """Whether ``page`` (DPA >> 12) is in the data cache (SSD DRAM) now."""
         return self.cache is not None and self.cache.lookup(page) >= 0
 
-    def count_host_accesses(self, pages: np.ndarray) -> None:
+    def count_host_accesses(self, pages: np.ndarray, moving: np.ndarray | None = None) -> None:
         """LLC misses that promoted pages (original device page numbers) served from
         host DRAM (host-managed): their recency and the migration window's
-        promoted share. The CPU already paid the DRAM latency: nothing is charged."""
+        promoted share. The CPU already paid the DRAM latency: nothing is charged.
+        ``moving`` marks a move's copies (a demotion reads its page from host DRAM):
+        SkyByte's promotion thread copies in the device, past its access counting
+        (artifact ftl.cc: only ``byte_issue`` counts), so they count towards neither."""
         n = int(pages.shape[0])
         if not n:
             return
         self.counters.host_accesses += n
-        if self.migration is None:
+        if moving is not None and moving.any():
+            self.counters.move_host_accesses += int(np.count_nonzero(moving))
+            pages = pages[~moving]
+            n = int(pages.shape[0])
+        if self.migration is None or not n:
             return
         self.last_access[pages] = self._seq
-        self._window_promoted += n
-        self._window_left -= n
-        if self._window_left <= 0:
-            self._end_window()
+        while n:  # a bulk longer than the window's rest goes on into the next window
+            take = min(n, self._window_left)
+            self._window_promoted += take
+            self._window_left -= take
+            n -= take
+            if self._window_left == 0:
+                self._end_window()
 
     def charge_stall(self, vcpu: int, stall_ns: int) -> None:
         """Add ``stall_ns`` (negative: take back) to what ``vcpu`` was charged: the live
@@ -870,13 +883,13 @@ class Controller:
         elif self.promoted[page]:
             latency, source = self.latencies.host_dram_ns, Source.PROMOTED
             self.last_access[page] = seq
-            self._window_promoted += 1
+            self._window_promoted += not moving  # as the window counts (below)
             if write:
                 self.promoted_dirty[page] = True
         elif self.freed_by_promotion[page] and self._left_behind(page, write, flags):
             latency, source = self.latencies.host_dram_ns, Source.PROMOTED
             self.last_access[page] = seq
-            self._window_promoted += 1
+            self._window_promoted += not moving
             c.left_behind_writes += 1
         else:
             line = (addr >> 6) & _LINE_MASK

@@ -36,7 +36,7 @@ from cxlssd.firmware.context_switch import NeverSwitch
 from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.hints import TransferEngine
 from cxlssd.firmware.live_switching import LiveContextSwitch
-from cxlssd.firmware.request import FLAG_HOST, FLAG_QUERY, PAGE_SHIFT, MarkerCmd, Op, Source
+from cxlssd.firmware.request import FLAG_ENGINE, FLAG_HOST, FLAG_QUERY, PAGE_SHIFT, MarkerCmd, Op, Source
 
 log = logging.getLogger(__name__)
 
@@ -198,18 +198,19 @@ class StreamServer:
             self.on_query(vcpu, ticket, long_delay, ready_ns)
 
     def _process(self, requests: np.ndarray) -> np.ndarray | None:
+        if self.transfers.brackets_open:
+            requests = self.transfers.as_engine_work(requests)
         host = (requests["flags"] & FLAG_HOST) != 0
         if host.any():
             # counted in bulk: recency at this granularity is all the demotion choice needs
             pages = requests["addr"][host] >> np.uint64(PAGE_SHIFT)
             inside = pages < self.controller.device_pages  # (from the guest's own reports)
             self.markers_rejected += int(pages.shape[0]) - int(np.count_nonzero(inside))
-            self.controller.count_host_accesses(pages[inside].astype(np.int64))
+            moving = (requests["flags"][host][inside] & FLAG_ENGINE) != 0  # a move's copies
+            self.controller.count_host_accesses(pages[inside].astype(np.int64), moving)
             requests = requests[~host]
         if not requests.shape[0]:
             return None
-        if self.transfers.brackets_open:
-            requests = self.transfers.as_engine_work(requests)
         out = self.controller.process(requests)
         if self.transfers.brackets_open:
             self.transfers.served(requests, out)
@@ -331,8 +332,10 @@ class StreamServer:
             "latency_by_source": _latency_table(end.latency - begin.latency),
         }
         model = device.get("model", {})
-        host = model.get("host_accesses", 0)
-        result["promoted_share"] = host / (host + model["requests"]) if host else 0.0
+        # the program's accesses: a move's copies are the device's work (count_host_accesses)
+        host = model.get("host_accesses", 0) - model.get("move_host_accesses", 0)
+        requests = model["requests"] - model.get("move_requests", 0)
+        result["promoted_share"] = host / (host + requests) if host else 0.0
         if begin_cpu is not None and end_cpu is not None:
             result["cpu"] = counter_delta(end_cpu, begin_cpu)
         return result

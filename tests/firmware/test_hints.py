@@ -16,7 +16,7 @@ from cxlssd.firmware.hints import HINT_DEAD, HINT_NEED, MAX_UNWAITED_TRANSFERS, 
 from cxlssd.firmware.live_switching import guest_driven
 from cxlssd.firmware.profile import load_profile
 from cxlssd.firmware.replay import replay_file
-from cxlssd.firmware.request import FLAG_POSTED, FLAG_QUERY, REQUEST_DTYPE, MarkerCmd, Op
+from cxlssd.firmware.request import FLAG_HOST, FLAG_POSTED, FLAG_QUERY, REQUEST_DTYPE, MarkerCmd, Op
 from cxlssd.firmware.stream import StreamServer
 from cxlssd.firmware.trace import TraceWriter
 
@@ -477,3 +477,67 @@ def test_write_backs_left_behind_by_a_promotion_cost_the_device_nothing(vectoriz
     assert c.cache_misses == 2 and stall(s) - before > HIT_NS
     s.serve(record(4_000, 300 << 12 | 6 << 6, Op.WRITE, FLAG_POSTED, PROGRAM))
     assert c.left_behind_writes == 4 and s.controller.cached(300)
+
+
+@pytest.mark.parametrize("vectorize", [True, False])
+def test_a_demotions_reads_of_host_dram_are_no_accesses_of_the_promoted_page(vectorize: bool) -> None:
+    """SkyByte's promotion thread copies a demoted page inside the device, past its access
+    counting (artifact, ftl.cc: only ``byte_issue`` counts). In the guest the kernel's copy
+    reads the page from host DRAM, and the plugin reports those LLC misses as the promoted
+    page's (FLAG_HOST). Counted, a demotion's 64 reads made promoted pages look busy: the
+    `skybyte` rule's share passed 75 %, the threshold fell to 1 and stayed there, and each
+    demotion's reads kept it there (ycsb-b under skybyte-p, 2026-12-06: 1.44 M of the ROI's
+    1.81 M host accesses were demotions' copies)."""
+    s = server("skybyte-p")
+    s.controller.vectorize = vectorize
+    s.serve(promotion(1000, 1, [7], copy_ns=10_000, thread=DAEMON, by_os=True))
+    assert s.controller.promoted_pages().tolist() == [7]
+    program_reads = [record(100_000 + k, 7 << 12 | k << 6, flags=FLAG_HOST | FLAG_POSTED, thread=PROGRAM)
+                     for k in range(3)]
+    copy = [record(200_000 + 10 * k, 7 << 12 | k << 6, flags=FLAG_HOST | FLAG_POSTED, thread=DAEMON)
+            for k in range(64)]
+    s.serve(np.concatenate([
+        mark(50_000, MarkerCmd.ROI_BEGIN, 9), *program_reads,
+        mark(199_000, MarkerCmd.XFER_BEGIN, XFER_BY_OS | 2 << 1, DAEMON), *copy,
+        *[record(201_000 + 10 * k, 300 << 12 | k << 6, thread=DAEMON) for k in range(64)],
+        mark(202_000, MarkerCmd.DEMOTED, 7, DAEMON), mark(203_000, MarkerCmd.XFER_END, 2, DAEMON),
+        record(300_000, 500 << 12, thread=PROGRAM), mark(400_000, MarkerCmd.ROI_END, 1 << 16 | 9),
+    ]))
+    c = s.controller.counters
+    assert (c.host_accesses, c.move_host_accesses) == (3 + 64, 64)
+    (roi,) = s.results
+    # the program's accesses: three to the promoted page, one device read
+    assert roi["promoted_share"] == pytest.approx(3 / 4)
+    assert roi["device"]["model"]["move_host_accesses"] == 64
+
+
+def test_host_accesses_past_the_end_of_a_window_go_on_into_the_next() -> None:
+    """Host accesses come in bulk (a chunk of the ring at a time): a bulk longer than the
+    rest of the migration window ends it at its size and counts the rest in the next,
+    so no window's promoted share exceeds 1 (it reached 1.37 on average, 2026-12-06)."""
+    c = Controller.from_profile(load_profile("skybyte-p", ["migration.policy=fixed"]))
+    assert c.migration is not None
+    window = c.migration.window_accesses
+    c.count_host_accesses(np.full(2 * window + window // 2, 7, dtype=np.int64))
+    assert [share for _, share in c.migration.history] == [1.0, 1.0]
+    c.count_host_accesses(np.full(window // 2, 7, dtype=np.int64))
+    assert [share for _, share in c.migration.history] == [1.0, 1.0, 1.0]
+
+
+def test_write_backs_a_look_evicts_count_in_no_window() -> None:
+    """The window's promoted share counts the program's accesses: a write-back the daemon's
+    copy evicts from the LLC inside a look is the move's, left behind in host DRAM but
+    counted neither as an access nor as a promoted page's (before, such write-backs made
+    windows' shares 3.5, 2026-12-06)."""
+    s = server("skybyte-p", "migration.policy=fixed", "migration.window_accesses=4")
+    mig = s.controller.migration
+    assert mig is not None
+    s.serve(promotion(1000, 1, [7], copy_ns=10_000, thread=DAEMON, by_os=True))
+    evicted = [record(20_100 + 10 * k, 7 << 12 | k << 6, Op.WRITE, FLAG_POSTED, DAEMON) for k in range(8)]
+    s.serve(np.concatenate([
+        mark(20_000, MarkerCmd.XFER_BEGIN, XFER_BY_OS | 2 << 1, DAEMON), *evicted,
+        mark(21_000, MarkerCmd.XFER_END, 2, DAEMON),
+        *[record(30_000 + 1000 * k, 500 << 12 | k << 6, thread=PROGRAM) for k in range(4)],
+    ]))
+    assert s.controller.counters.left_behind_writes == 8
+    assert [share for _, share in mig.history] == [0.0]
