@@ -28,6 +28,7 @@ from cxlssd.firmware.request import REQUEST_DTYPE, MarkerCmd, Op
 from cxlssd.firmware.synth import SynthSpec, synthesize
 from cxlssd.firmware.trace import TraceReader, TraceWriter
 from cxlssd.models import generated_section, reference_table
+from cxlssd.platform.config import load_config
 from cxlssd.platform.inject import Poison, Uncorrectable, UncorrectableError
 from cxlssd.platform.machine import Platform
 
@@ -59,6 +60,16 @@ def test_points_cover_every_case_and_design_with_substituted_commands() -> None:
     assert [(at, knob.kind) for at, knob in spikes.inject][:2] == [
         (5.0, "latency-spike"), (60.0, "latency-spike"),
     ]
+
+
+def test_skybyte_scales_the_llc_with_every_other_capacity() -> None:
+    """DESIGN.md decision 8: the LLC is a capacity too. Left at 2 MiB beside SSD DRAM
+    divided by 64 it was 1/4 of base-cssd's SSD DRAM where the evaluated system has
+    1/32, and fewer accesses reached the device (docs/experiments.md)."""
+    evaluated_llc_bytes = 16 << 20  # SkyByte's artifact, bin/params.in: 8 x 2048 sets x 16 ways x 64 B
+    skybyte = load_experiment(DEMO_FILE.with_name("skybyte.yaml"))
+    divisor = int(skybyte.overrides["scale.capacity_divisor"])
+    assert load_config(skybyte.platform).cpu.llc_bytes == evaluated_llc_bytes // divisor
 
 
 @pytest.mark.parametrize(
