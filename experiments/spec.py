@@ -64,7 +64,7 @@ from cxlssd.firmware.profile import load_profile
 from cxlssd.firmware.synth import SynthSpec
 from cxlssd.firmware.trace import TraceReader
 from cxlssd.models import ConfigModel, number_in
-from cxlssd.platform.config import CONFIG_DIR, load_config
+from cxlssd.platform.config import CONFIG_DIR, load_config, platform_file
 from cxlssd.platform.inject import DcLayout, DeviceView
 from cxlssd.yamlfile import read_yaml, short_repr
 
@@ -381,10 +381,12 @@ SECTIONS: dict[str, type[ConfigModel]] = {
 
 
 def _platform_path(value: Path, base: Path, where: str) -> Path:
-    for candidate in (CONFIG_DIR / f"{value}.yaml", base / value, value):
-        if candidate.is_file():
-            return candidate
-    raise ConfigError(f"{where}: no platform config {short_repr(str(value))} (in {CONFIG_DIR} or as a path)")
+    found = platform_file(value, base, Path.cwd())
+    if found is None:
+        raise ConfigError(
+            f"{where}: no platform config {short_repr(str(value))} (in {CONFIG_DIR} or as a path)"
+        )
+    return found
 
 
 def _trace_file(trace: TraceWorkload, base: Path, where: str) -> TraceWorkload:

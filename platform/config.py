@@ -20,6 +20,9 @@ Example (``platform/configs/default.yaml``)::
       llc_ways: 16
       string_bytes_per_insn: 32 # a REP MOVS/STOS: one instruction per this many bytes
 
+``extends: NAME`` starts from another platform file (:func:`read_platform_file`), so
+a variant such as ``configs/skybyte-64.yaml`` states only what differs.
+
 Each section is a configuration model (:mod:`cxlssd.models`): its fields, their types,
 ranges and descriptions are the one definition of the keys. Sizes are byte counts or
 numbers with a binary unit (``512MiB``, ``1.5GiB``), read by
@@ -300,10 +303,64 @@ def config_from_dict(raw: object, source: str = "<dict>") -> PlatformConfig:
     return PlatformConfig.parse({**top, "source": source}, source)
 
 
+def platform_file(value: str | Path, *bases: Path) -> Path | None:
+    """The platform file ``value`` names: a built-in config's name (``skybyte-64``),
+    else a path tried relative to each of ``bases`` in turn; None if there is none."""
+    for candidate in (CONFIG_DIR / f"{value}.yaml", *(base / value for base in bases)):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+# An `extends:` chain longer than this is refused (a cycle is caught before it).
+MAX_EXTENDS_DEPTH = 8
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` laid on ``base``: mappings merge key by key, anything else (a list
+    of devices, a number) replaces the base's value whole."""
+    merged = dict(base)
+    for key, value in over.items():
+        inherited = merged.get(key)
+        if isinstance(value, dict) and isinstance(inherited, dict):
+            value = _merged(inherited, value)
+        merged[key] = value
+    return merged
+
+
+def read_platform_file(path: Path, _chain: tuple[Path, ...] = ()) -> object:
+    """A platform file's document with its ``extends:`` applied: ``extends: default``
+    starts from the named file (a built-in config's name or a path relative to this
+    file) and lays this file's keys over it, so a variant states only what differs."""
+    raw = read_yaml(path, "platform config")
+    if not isinstance(raw, dict) or "extends" not in raw:
+        return raw
+    chain = (*_chain, path.resolve())
+    parent_name = raw["extends"]
+    if not isinstance(parent_name, str) or not parent_name:
+        raise ConfigError(f"{path}: extends: expected the name of a platform file, e.g. "
+                          f"extends: default, got {short_repr(parent_name)}")
+    if "name" not in raw:
+        raise ConfigError(f"{path}: a platform file that extends another needs a name of its "
+                          "own (guests and results are labelled with it), e.g. name: my-platform")
+    parent = platform_file(parent_name, path.parent)
+    if parent is None:
+        raise ConfigError(f"{path}: extends: no platform config {short_repr(parent_name)} "
+                          f"(a name in {CONFIG_DIR} or a path relative to {path.parent})")
+    if parent.resolve() in chain:
+        raise ConfigError(f"{path}: extends: {parent} is already in the chain "
+                          f"({' -> '.join(p.name for p in chain)}); remove the cycle")
+    if len(chain) >= MAX_EXTENDS_DEPTH:
+        raise ConfigError(f"{path}: extends: more than {MAX_EXTENDS_DEPTH} files deep; "
+                          "extend a file nearer the base")
+    base = _mapping(read_platform_file(parent, chain), str(parent))
+    return _merged(base, {key: value for key, value in raw.items() if key != "extends"})
+
+
 def load_config(path: Path | None = None) -> PlatformConfig:
     """Read and validate a platform configuration file (the default one if ``path`` is None)."""
     path = path or DEFAULT_CONFIG
-    return config_from_dict(read_yaml(path, "platform config"), str(path))
+    return config_from_dict(read_platform_file(path), str(path))
 
 
 # -- networking and multi-guest platforms (docs/network.md) ---------------------------
@@ -537,7 +594,7 @@ def multi_config_from_dict(raw: object, source: str = "<dict>") -> MultiPlatform
 def load_multi_config(path: Path | None = None) -> MultiPlatformConfig:
     """Read and validate a platform file of either form (the default one if ``path`` is None)."""
     path = path or DEFAULT_CONFIG
-    return multi_config_from_dict(read_yaml(path, "platform config"), str(path))
+    return multi_config_from_dict(read_platform_file(path), str(path))
 
 
 # The sections of a platform file, for its reference (docs/platform.md, generated)

@@ -18,6 +18,7 @@ from cxlssd.platform.config import (
     MiB,
     config_from_dict,
     load_config,
+    load_multi_config,
 )
 from cxlssd.platform.qemu import LaunchFiles, QemuBinary, qemu_argv
 from cxlssd.validation import format_size, parse_size
@@ -107,6 +108,50 @@ def test_malformed_yaml_names_the_line(tmp_path: Path) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read platform config"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_a_variant_extends_another_and_states_only_what_differs(tmp_path: Path) -> None:
+    # skybyte-64 is the default platform but for its LLC: whatever default.yaml says
+    # about the guest and devices, it says too.
+    default, variant = load_config(), load_config(CONFIG_DIR / "skybyte-64.yaml")
+    assert variant.name == "skybyte-64" and variant.cpu.llc_bytes == 256 * 1024
+    same = {"name", "cpu", "source"}
+    assert variant.model_dump(exclude=same) == default.model_dump(exclude=same)
+    assert variant.cpu.model_dump(exclude={"llc_bytes"}) == default.cpu.model_dump(exclude={"llc_bytes"})
+    # Mappings merge key by key, a list replaces the base's, a chain resolves
+    # relative to each file, and multi-guest files extend the same way.
+    (tmp_path / "base.yaml").write_text(
+        "name: base\nguest: {dram: 1GiB, vcpus: 2}\ncxl_devices: [{size: 1GiB}]\n")
+    (tmp_path / "mid.yaml").write_text("name: mid\nextends: base.yaml\nguest: {vcpus: 3}\n")
+    (tmp_path / "top.yaml").write_text(
+        "name: top\nextends: mid.yaml\ncxl_devices: [{size: 256MiB}, {size: 512MiB}]\n")
+    top = load_config(tmp_path / "top.yaml")
+    assert (top.name, top.guest.dram_bytes, top.guest.vcpus) == ("top", GiB, 3)
+    assert [d.size_bytes for d in top.cxl_devices] == [256 * MiB, 512 * MiB]
+    assert load_multi_config(tmp_path / "top.yaml").platforms == (top,)
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"a.yaml": "name: a\nextends: a.yaml\n"}, "already in the chain"),
+        ({"a.yaml": "name: a\nextends: b.yaml\n", "b.yaml": "name: b\nextends: a.yaml\n"},
+         "remove the cycle"),
+        ({"a.yaml": "name: a\nextends: nope\n"}, "extends: no platform config 'nope'"),
+        ({"a.yaml": "extends: default\ncpu: {llc: 1MiB}\n"}, "needs a name of its own"),
+        ({"a.yaml": "name: a\nextends: [default]\n"}, "expected the name of a platform file"),
+        ({"a.yaml": "name: a\nextends: b.yaml\n", "b.yaml": "- 1\n"}, "expected a mapping"),
+        ({"a.yaml": "name: a\nextends: default\ncpu: {lcc: 1MiB}\n"}, "did you mean 'llc'"),
+        ({f"f{i}.yaml": f"name: f{i}\nextends: f{i + 1}.yaml\n" for i in range(9)}
+         | {"f9.yaml": "name: f9\n"}, "more than 8 files deep"),
+    ],
+)
+def test_a_bad_extends_is_refused_in_one_line(tmp_path: Path, files: dict[str, str], message: str) -> None:
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    first = tmp_path / next(iter(files))
+    with pytest.raises(ConfigError, match=message):
+        load_config(first)
 
 
 def _argv(config_name: str) -> list[str]:
