@@ -121,13 +121,14 @@ class AdaptiveThreshold(FixedThreshold):
 
 @MIGRATION_POLICIES.register("skybyte")
 class SkyByteThreshold(FixedThreshold):
-    """SkyByte as evaluated (the authors' artifact): the threshold starts at the top
-    of its range and adapts after every counted data-cache hit from the window's
-    promoted share so far: +1 at <= 25 %, -1 at >= 75 % when the hit promoted a
-    page. A window's end restarts the share and the threshold; per-page counts last
-    until the page leaves the data cache or is promoted. (The artifact computes the
-    share with integer division, so it is only ever 0 or >= 1; this uses the
-    fraction the paper describes.)"""
+    """SkyByte's rule (the paper, and the authors' artifact's code): the threshold
+    starts at the top of its range and adapts after every counted data-cache hit
+    from the window's promoted share so far: +1 at <= 25 %, -1 at >= 75 % when the
+    hit promoted a page. A window's end restarts the share and the threshold;
+    per-page counts last until the page leaves the data cache or is promoted. This
+    uses the fraction the paper describes; the artifact divides as integers and its
+    window reset does not zero its hit count, so its threshold stays at the top
+    (``min_threshold`` = ``max_threshold`` runs that; docs/firmware.md)."""
 
     window_resets_counts = False
     per_access = True
