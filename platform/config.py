@@ -328,14 +328,22 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def read_platform_file(path: Path, _chain: tuple[Path, ...] = ()) -> object:
-    """A platform file's document with its ``extends:`` applied: ``extends: default``
-    starts from the named file (a built-in config's name or a path relative to this
-    file) and lays this file's keys over it, so a variant states only what differs."""
+def read_platform_file(path: Path) -> tuple[object, str]:
+    """A platform file's document with its ``extends:`` applied, and the source to name
+    in messages (``skybyte-64.yaml (extends default.yaml)``: a key may come from
+    either). ``extends: default`` starts from the named file (a built-in config's name
+    or a path relative to this file) and lays this file's keys over it, so a variant
+    states only what differs."""
+    document, bases = _extended(path, ())
+    return document, f"{path} (extends {' -> '.join(bases)})" if bases else str(path)
+
+
+def _extended(path: Path, chain: tuple[Path, ...]) -> tuple[object, list[str]]:
+    """``path``'s document laid over its bases', and the bases' file names in order."""
     raw = read_yaml(path, "platform config")
     if not isinstance(raw, dict) or "extends" not in raw:
-        return raw
-    chain = (*_chain, path.resolve())
+        return raw, []
+    chain = (*chain, path.resolve())
     parent_name = raw["extends"]
     if not isinstance(parent_name, str) or not parent_name:
         raise ConfigError(f"{path}: extends: expected the name of a platform file, e.g. "
@@ -353,14 +361,15 @@ def read_platform_file(path: Path, _chain: tuple[Path, ...] = ()) -> object:
     if len(chain) >= MAX_EXTENDS_DEPTH:
         raise ConfigError(f"{path}: extends: more than {MAX_EXTENDS_DEPTH} files deep; "
                           "extend a file nearer the base")
-    base = _mapping(read_platform_file(parent, chain), str(parent))
-    return _merged(base, {key: value for key, value in raw.items() if key != "extends"})
+    base, bases = _extended(parent, chain)
+    merged = _merged(_mapping(base, str(parent)), {k: v for k, v in raw.items() if k != "extends"})
+    return merged, [parent.name, *bases]
 
 
 def load_config(path: Path | None = None) -> PlatformConfig:
     """Read and validate a platform configuration file (the default one if ``path`` is None)."""
     path = path or DEFAULT_CONFIG
-    return config_from_dict(read_platform_file(path), str(path))
+    return config_from_dict(*read_platform_file(path))
 
 
 # -- networking and multi-guest platforms (docs/network.md) ---------------------------
@@ -594,7 +603,7 @@ def multi_config_from_dict(raw: object, source: str = "<dict>") -> MultiPlatform
 def load_multi_config(path: Path | None = None) -> MultiPlatformConfig:
     """Read and validate a platform file of either form (the default one if ``path`` is None)."""
     path = path or DEFAULT_CONFIG
-    return multi_config_from_dict(read_platform_file(path), str(path))
+    return multi_config_from_dict(*read_platform_file(path))
 
 
 # The sections of a platform file, for its reference (docs/platform.md, generated)

@@ -142,6 +142,10 @@ def test_a_variant_extends_another_and_states_only_what_differs(tmp_path: Path) 
         ({"a.yaml": "name: a\nextends: [default]\n"}, "expected the name of a platform file"),
         ({"a.yaml": "name: a\nextends: b.yaml\n", "b.yaml": "- 1\n"}, "expected a mapping"),
         ({"a.yaml": "name: a\nextends: default\ncpu: {lcc: 1MiB}\n"}, "did you mean 'llc'"),
+        # a key from the base is named with the chain it came through
+        ({"a.yaml": "name: a\nextends: b.yaml\n", "b.yaml": "name: b\nextends: c.yaml\n",
+          "c.yaml": "name: c\nguest: {dramm: 1GiB}\n"},
+         r"a\.yaml \(extends b\.yaml -> c\.yaml\): guest: unknown key 'dramm'"),
         ({f"f{i}.yaml": f"name: f{i}\nextends: f{i + 1}.yaml\n" for i in range(9)}
          | {"f9.yaml": "name: f9\n"}, "more than 8 files deep"),
     ],
