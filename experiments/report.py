@@ -30,7 +30,8 @@ CSV_FIELDS = (
     "case", "workload", "kind", "design", "runs", "modelled_ms", "modelled_ms_stdev", "modelled_ms_min",
     "modelled_ms_max", "speedup", "speedup_stdev", "fraction_of_ideal", "fraction_of_ideal_stdev",
     "flash_reads", "flash_programs", "flash_traffic_reduction", "local_ms", "device_stall_ms",
-    "instructions", "device_requests", "long_delays", "check_ok", "exit_status",
+    "instructions", "device_requests", "long_delays", "switches", "hidden_ms", "residual_wait_ms",
+    "check_ok", "exit_status",
 )
 REPORT_EVENT_CHARS = 300  # of a trace event in report.md (results.json has it whole)
 REPORT_LOG_LINES = 12  # kernel-log lines of a QMP scenario shown in report.md (all are in results.json)
@@ -48,6 +49,13 @@ def _mean(values: list[Any]) -> float | int | None:
         return None
     mean = statistics.fmean(present)
     return int(mean) if mean.is_integer() else mean
+
+
+def _switch_total(run: dict[str, Any], *keys: str) -> int | None:
+    """The sum of ``keys`` of a row's guest switching counters (None: a row without
+    them, e.g. a synthetic replay, whose switches the replay driver's thread model makes)."""
+    switching = run.get("switching")
+    return sum(switching.get(key, 0) for key in keys) if switching else None
 
 
 def _ms(ns: float | None) -> float | None:
@@ -119,6 +127,11 @@ def derive(experiment: Experiment, rows: dict[str, dict[str, Any]]) -> list[dict
                 "instructions": _mean([r["instructions"] for r in runs]),
                 "device_requests": _mean([r["device"]["requests"] for r in runs]),
                 "long_delays": _mean([r["device"]["long_delays"] for r in runs]),
+                # the guest's switches (its runtime's and its kernel helper's) and the flash
+                # latency they hid or left to wait (None: rows without the guest's counters)
+                "switches": _mean([_switch_total(r, "switches", "kernel_switches") for r in runs]),
+                "hidden_ms": _ms(_mean([_switch_total(r, "hidden_ns") for r in runs])),
+                "residual_wait_ms": _ms(_mean([_switch_total(r, "residual_wait_ns") for r in runs])),
                 "check_ok": all(r["check_ok"] for r in runs),
                 "exit_status": next((r["exit_status"] for r in runs if r["exit_status"]), 0),
             })

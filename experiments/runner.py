@@ -136,14 +136,22 @@ def _workload_report(stdout: bytes) -> dict[str, Any]:
 
 def roi_totals(rois: list[dict[str, Any]]) -> dict[str, Any]:
     """A point's modelled time (the sum of its ROIs), its parts and counters (the
-    transfer engine's too: how much of its moves the program waited for)."""
+    transfer engine's too: how much of its moves the program waited for; and the
+    guest's context switches: how much flash latency they hid)."""
     flash = {"reads": 0, "programs": 0, "erases": 0}
     device = {"requests": 0, "reads": 0, "writes": 0, "long_delays": 0}
     transfers: dict[str, int] = {}
+    switching: dict[str, int] = {}
     for roi in rois:
         model, fl = roi["device"]["model"], roi["device"].get("flash", {})
         for key in device:
             device[key] += model[key]
+        for key, value in roi["device"].get("os", {}).items():
+            if key != "parked":  # a gauge: reads parked at the ROI's end, not a count
+                switching[key] = switching.get(key, 0) + value
+        # Where the guest switches (live, or its recording) the long delays are the ones
+        # answered to it; the model counts only those it hides itself (synthetic replays).
+        device["long_delays"] += roi["device"].get("os", {}).get("long_delays", 0)
         flash["reads"] += fl.get("reads_total", 0)
         flash["programs"] += fl.get("programs_total", 0)
         flash["erases"] += fl.get("erases_gc", 0)
@@ -158,6 +166,7 @@ def roi_totals(rois: list[dict[str, Any]]) -> dict[str, Any]:
         "device": device,
         "flash": flash,
         "transfers": transfers,
+        "switching": switching,
     }
 
 

@@ -127,6 +127,11 @@ def test_report_derives_speedup_ideal_fraction_and_flash_reduction(tmp_path: Pat
     full = [r for r in table if r["design"] == "skybyte-full"]
     assert [r["speedup"] for r in full] == [4.0, 4.0] and [r["fraction_of_ideal"] for r in full] == [0.5, 0.5]
     assert full[0]["flash_traffic_reduction"] == 4.0
+    assert full[0]["switches"] is None  # rows without the guest's switching counters
+    rows["chase[size=1M]@skybyte-full"]["switching"] = {"switches": 2, "kernel_switches": 5,
+                                                         "hidden_ns": 3_000_000, "residual_wait_ns": 500_000}
+    switched = next(r for r in derive(experiment, rows) if r["design"] == "skybyte-full")
+    assert (switched["switches"], switched["hidden_ms"], switched["residual_wait_ms"]) == (7, 3.0, 0.5)
     means = summary(experiment, table)
     assert means["skybyte-full"]["speedup"] == pytest.approx(4.0)
     assert means["dram-only"]["fraction_of_ideal"] == pytest.approx(1.0)
@@ -145,17 +150,23 @@ def test_report_derives_speedup_ideal_fraction_and_flash_reduction(tmp_path: Pat
     assert "Not run yet (1)" in report
 
 
-def test_a_points_totals_sum_its_rois_including_the_transfer_engines_waits() -> None:
+def test_a_points_totals_sum_its_rois_including_the_transfer_engines_waits_and_the_guests_switches() -> None:
     def roi(modelled_ns: int, wait_ns: int) -> dict[str, Any]:
         model = {"requests": 10, "reads": 8, "writes": 2, "long_delays": 1}
         transfers = {"transfers": 2, "waits": 2, "wait_ns": wait_ns, "busy_ns": 5000}
+        os = {"long_delays": 4, "kernel_switches": 3, "hidden_ns": 9000, "residual_wait_ns": wait_ns,
+              "parked": 1}
         return {"modelled_ns": modelled_ns, "local_ns": 100, "device_stall_ns": 50,
-                "device": {"model": model, "flash": {"reads_total": 3}, "transfers": transfers}}
+                "device": {"model": model, "flash": {"reads_total": 3}, "transfers": transfers, "os": os}}
 
     totals = roi_totals([roi(1000, 0), roi(3000, 700)])
     assert totals["modelled_ns"] == 4000 and totals["rois"] == 2 and totals["flash"]["reads"] == 6
     assert totals["transfers"] == {"transfers": 4, "waits": 4, "wait_ns": 700, "busy_ns": 10000}
-    assert roi_totals([])["transfers"] == {}
+    # the long delays answered to the guest count with the model's; "parked" is a gauge, not summed
+    assert totals["device"]["long_delays"] == 2 * (1 + 4)
+    assert totals["switching"] == {"long_delays": 8, "kernel_switches": 6, "hidden_ns": 18000,
+                                   "residual_wait_ns": 700}
+    assert roi_totals([])["transfers"] == {} and roi_totals([])["switching"] == {}
 
 
 def test_summary_flash_reduction_sums_the_cases_flash_operations() -> None:
@@ -206,6 +217,33 @@ def test_a_small_experiment_runs_live_and_resumes(default_platform: Platform, tm
     assert ExperimentRunner(experiment, out, platform=None).pending() == []
     written = write_results(experiment, ExperimentRunner(experiment, out).run(), out)
     assert written["table"][1]["fraction_of_ideal"] == 1.0 and (out / "speedup.png").stat().st_size > 0
+
+
+@pytest.mark.guest
+def test_a_live_row_carries_the_guests_switches_and_what_they_hid(default_platform: Platform,
+                                                                   tmp_path: Path) -> None:
+    # Three threads of dependent reads over 4x the SSD DRAM: the kernel helper switches
+    # on the long ones under skybyte-c; base-cssd answers none long.
+    experiment = experiment_from_dict({
+        "name": "sw", "designs": ["base-cssd", "skybyte-c"],
+        "overrides": {"ssd_dram.size_bytes": "8MiB"},
+        "workloads": [{"name": "randread",
+                       "command": ["randread", "--footprint", "32M", "--reads", "1500", "--threads", "3"]}],
+    }, "sw.yaml")
+    out = tmp_path / "out"
+    rows = ExperimentRunner(experiment, out, default_platform).run()
+    base, c = rows["randread@base-cssd"], rows["randread@skybyte-c"]
+    assert base["check_ok"] and c["check_ok"]
+    assert base["switching"]["long_delays"] == base["switching"]["kernel_switches"] == 0
+    assert base["device"]["long_delays"] == 0
+    switching = c["switching"]
+    assert 0 < switching["kernel_switches"] <= switching["long_delays"] == c["device"]["long_delays"]
+    assert switching["hidden_ns"] > switching["residual_wait_ns"] >= 0
+    assert c["modelled_ns"] < base["modelled_ns"]
+    table = {r["design"]: r for r in write_results(experiment, rows, out)["table"]}
+    assert table["skybyte-c"]["switches"] == switching["kernel_switches"] + switching["switches"]
+    assert table["skybyte-c"]["hidden_ms"] == switching["hidden_ns"] / 1e6
+    assert table["base-cssd"]["switches"] == 0
 
 
 # -- replay sweeps, repetitions, QMP scenarios: definitions (no VM) ---------------------
