@@ -75,54 +75,6 @@ __attribute__((noreturn)) static inline void wl_fail(const char *what, uint64_t 
     exit(1);
 }
 
-/* ---- threads (--threads N) ------------------------------------------------------------- */
-
-#define WL_MAX_THREADS 256u /* --threads' bound in every workload */
-
-struct wl_thread {
-    void (*fn)(uint64_t k, void *shared);
-    void *shared;
-    uint64_t k;
-};
-
-static inline void *wl_thread_main(void *arg)
-{
-    const struct wl_thread *t = arg;
-    t->fn(t->k, t->shared);
-    return NULL;
-}
-
-/* fn(k, shared) in n POSIX threads, k = 0 .. n-1 (thread 0 is the caller); returns when every
- * one has. With `barrier`, a barrier for the n threads is set up there first (n > 1) and
- * destroyed after. Exits with a message if the threads cannot be made. */
-static inline void wl_run_threads(uint64_t n, void (*fn)(uint64_t k, void *shared), void *shared,
-                                  pthread_barrier_t *barrier)
-{
-    pthread_t *ids = calloc(n, sizeof *ids);
-    struct wl_thread *threads = calloc(n, sizeof *threads);
-    if (ids == NULL || threads == NULL ||
-        (barrier != NULL && n > 1 && pthread_barrier_init(barrier, NULL, (unsigned)n) != 0)) {
-        fprintf(stderr, "%s: cannot set up %" PRIu64 " threads\n", wl_program.name, n);
-        exit(1);
-    }
-    for (uint64_t k = 0; k < n; k++)
-        threads[k] = (struct wl_thread){.fn = fn, .shared = shared, .k = k};
-    for (uint64_t k = 1; k < n; k++) {
-        const int err = pthread_create(&ids[k], NULL, wl_thread_main, &threads[k]);
-        if (err != 0) {
-            fprintf(stderr, "%s: pthread_create failed: %s\n", wl_program.name, strerror(err));
-            exit(1);
-        }
-    }
-    fn(0, shared);
-    for (uint64_t k = 1; k < n; k++)
-        pthread_join(ids[k], NULL);
-    if (barrier != NULL && n > 1)
-        pthread_barrier_destroy(barrier);
-    free(threads);
-    free(ids);
-}
-
 /* ---- argument values ---------------------------------------------------------------- */
 
 /* A decimal number with, if `suffixed`, one of K M G T (binary multiples, either case) after it. */
@@ -477,6 +429,73 @@ static inline void wl_roi_end(const struct wl_common *common, void *victim, size
     wl_program.data_bytes = wl_program.allocated;
     if (getenv("CXLSSD_WORKLOAD_FAULT") != NULL)
         ((unsigned char *)victim)[size - 1] ^= 0x40;
+}
+
+/* ---- threads (--threads N) ------------------------------------------------------------- */
+
+#define WL_MAX_THREADS 256u /* --threads' bound in every workload */
+
+struct wl_thread {
+    void (*fn)(uint64_t k, void *shared);
+    void *shared;
+    uint64_t k;
+    pthread_barrier_t *start; /* every thread's, with a ROI to begin (n > 1) */
+    const struct wl_common *roi;
+};
+
+static inline void *wl_thread_main(void *arg)
+{
+    const struct wl_thread *t = arg;
+    if (t->start != NULL) {
+        pthread_barrier_wait(t->start); /* every thread has started */
+        if (t->k == 0)
+            wl_roi_begin(t->roi);
+        pthread_barrier_wait(t->start); /* the ROI has begun: no thread's work before it */
+    }
+    t->fn(t->k, t->shared);
+    return NULL;
+}
+
+/* fn(k, shared) in n POSIX threads, k = 0 .. n-1 (thread 0 is the caller); returns when every
+ * one has. With `barrier`, a barrier for the n threads is set up there first (n > 1) and
+ * destroyed after. With `roi` (not NULL), its ROI begins once every thread has started, so
+ * making the threads (clone, their stacks faulted on the program's memory node) is not in
+ * it: SkyByte's traces hold the threads' own accesses only. Exits with a message if the
+ * threads cannot be made. */
+static inline void wl_run_threads(uint64_t n, void (*fn)(uint64_t k, void *shared), void *shared,
+                                  pthread_barrier_t *barrier, const struct wl_common *roi)
+{
+    pthread_t *ids = calloc(n, sizeof *ids);
+    struct wl_thread *threads = calloc(n, sizeof *threads);
+    pthread_barrier_t start;
+    const bool gated = roi != NULL && n > 1;
+    if (ids == NULL || threads == NULL ||
+        (barrier != NULL && n > 1 && pthread_barrier_init(barrier, NULL, (unsigned)n) != 0) ||
+        (gated && pthread_barrier_init(&start, NULL, (unsigned)n) != 0)) {
+        fprintf(stderr, "%s: cannot set up %" PRIu64 " threads\n", wl_program.name, n);
+        exit(1);
+    }
+    for (uint64_t k = 0; k < n; k++)
+        threads[k] = (struct wl_thread){.fn = fn, .shared = shared, .k = k, .start = gated ? &start : NULL,
+                                        .roi = roi};
+    for (uint64_t k = 1; k < n; k++) {
+        const int err = pthread_create(&ids[k], NULL, wl_thread_main, &threads[k]);
+        if (err != 0) {
+            fprintf(stderr, "%s: pthread_create failed: %s\n", wl_program.name, strerror(err));
+            exit(1);
+        }
+    }
+    if (roi != NULL && !gated)
+        wl_roi_begin(roi);
+    wl_thread_main(&threads[0]);
+    for (uint64_t k = 1; k < n; k++)
+        pthread_join(ids[k], NULL);
+    if (barrier != NULL && n > 1)
+        pthread_barrier_destroy(barrier);
+    if (gated)
+        pthread_barrier_destroy(&start);
+    free(threads);
+    free(ids);
 }
 
 /* ---- the report: one JSON line on stdout ---------------------------------------------

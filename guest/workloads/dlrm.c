@@ -262,9 +262,7 @@ int main(int argc, char **argv)
     struct lookup_run run = {.m = &m, .batches = opt.batches, .threads = opt.threads, .indices = indices,
                              .out = out, .digests = digests};
     for (uint64_t pass = 0; pass <= opt.warm_passes; pass++) {
-        if (pass == opt.warm_passes)
-            wl_roi_begin(&opt.common);
-        wl_run_threads(run.threads, lookups, &run, &run.barrier);
+        wl_run_threads(run.threads, lookups, &run, &run.barrier, pass == opt.warm_passes ? &opt.common : NULL);
     }
     wl_roi_end(&opt.common, &digests[0], sizeof digests[0]);
 

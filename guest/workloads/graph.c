@@ -305,16 +305,20 @@ static void bfs_share(uint64_t k, void *shared)
         r->depth = depth;
 }
 
-/* One BFS from root over levels all unreached (-1), in opt->threads threads. */
+/* One BFS from root over levels all unreached (-1), in opt->threads threads; with `roi`, its
+ * ROI begins once the threads have started (wl_run_threads). */
 static struct bfs_result bfs_pass(const struct options *opt, const struct graph *g, uint32_t root, int32_t *level,
-                                  uint32_t *queue)
+                                  uint32_t *queue, const struct wl_common *roi)
 {
-    if (opt->threads == 1)
+    if (opt->threads == 1) {
+        if (roi != NULL)
+            wl_roi_begin(roi);
         return bfs(g, root, level, queue);
+    }
     struct bfs_run run = {.g = g, .level = level, .queue = queue, .threads = opt->threads, .tail = 1};
     level[root] = 0;
     queue[0] = root;
-    wl_run_threads(opt->threads, bfs_share, &run, &run.barrier);
+    wl_run_threads(opt->threads, bfs_share, &run, &run.barrier, roi);
     return (struct bfs_result){.reached = run.tail, .levels = (uint64_t)run.depth, .edges_scanned = run.scanned};
 }
 
@@ -327,12 +331,11 @@ static int run_bfs(const struct options *opt)
     uint32_t *queue = wl_alloc(g.n * sizeof(uint32_t));
 
     for (uint64_t pass = 0; pass < opt->warm_passes; pass++) {
-        const struct bfs_result warm = bfs_pass(opt, &g, root, level, queue);
+        const struct bfs_result warm = bfs_pass(opt, &g, root, level, queue, NULL);
         for (uint64_t q = 0; q < warm.reached; q++) /* only the reached have a level */
             level[queue[q]] = -1;
     }
-    wl_roi_begin(&opt->common);
-    const struct bfs_result result = bfs_pass(opt, &g, root, level, queue);
+    const struct bfs_result result = bfs_pass(opt, &g, root, level, queue, &opt->common);
     wl_roi_end(&opt->common, &level[root], sizeof level[root]);
 
     uint64_t reached, checksum = 0;
@@ -581,11 +584,11 @@ static int run_bc(const struct options *opt)
     struct bc_run run = {.g = &g, .sources = sources, .count = opt->sources, .threads = opt->threads, .b = &b,
                          .level_start = level_start};
 
-    wl_roi_begin(&opt->common);
     if (opt->threads > 1) {
-        wl_run_threads(opt->threads, bc_share, &run, &run.barrier);
+        wl_run_threads(opt->threads, bc_share, &run, &run.barrier, &opt->common); /* begins the ROI */
         b.interior = run.interior;
     } else {
+        wl_roi_begin(&opt->common);
         brandes(&g, sources, opt->sources, &b);
     }
     wl_roi_end(&opt->common, &b.score[sources[0]], sizeof(double));

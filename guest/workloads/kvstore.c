@@ -339,12 +339,13 @@ int main(int argc, char **argv)
     uint64_t warm_failures = 0; /* a warm pass's reads are checked as the ROI's are */
     for (uint64_t pass = 0; pass <= opt.warm_passes; pass++) {
         const bool roi = pass == opt.warm_passes;
-        if (roi)
-            wl_roi_begin(&opt.common);
-        if (opt.threads > 1)
-            wl_run_threads(opt.threads, run_thread, &threads, NULL);
-        else
+        if (opt.threads > 1) {
+            wl_run_threads(opt.threads, run_thread, &threads, NULL, roi ? &opt.common : NULL);
+        } else {
+            if (roi)
+                wl_roi_begin(&opt.common);
             runs[0] = run_ops(&s, ops[0], opt.ops);
+        }
         if (roi)
             wl_roi_end(&opt.common, &s.records[n / 2].check, sizeof s.records[0].check);
         for (uint64_t k = 0; !roi && k < opt.threads; k++)

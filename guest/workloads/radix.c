@@ -151,12 +151,16 @@ static void fill_keys(uint64_t *keys, uint64_t n, uint64_t seed, struct multiset
     }
 }
 
-static void sort(struct sort_run *run)
+/* With `roi`, its ROI begins once the threads have started (wl_run_threads). */
+static void sort(struct sort_run *run, const struct wl_common *roi)
 {
-    if (run->threads > 1)
-        wl_run_threads(run->threads, sort_share, run, &run->barrier);
-    else
+    if (run->threads > 1) {
+        wl_run_threads(run->threads, sort_share, run, &run->barrier, roi);
+    } else {
+        if (roi != NULL)
+            wl_roi_begin(roi);
         radix_sort(run->keys, run->buffer, run->n, run->bits);
+    }
 }
 
 int main(int argc, char **argv)
@@ -180,9 +184,7 @@ int main(int argc, char **argv)
         const bool roi = pass == opt.warm_passes;
         if (pass > 0) /* the same keys, unsorted again */
             fill_keys(keys, n, opt.common.seed, NULL);
-        if (roi)
-            wl_roi_begin(&opt.common);
-        sort(&run);
+        sort(&run, roi ? &opt.common : NULL);
     }
     wl_roi_end(&opt.common, &keys[n / 2], sizeof keys[0]);
 

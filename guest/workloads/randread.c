@@ -275,11 +275,13 @@ int main(int argc, char **argv)
     getrusage(RUSAGE_SELF, &usage);
     const long faults_before = usage.ru_minflt + usage.ru_majflt;
     const uint64_t parent_before_ns = parent_cpu_ns();
-    wl_roi_begin(&opt.common);
-    if (opt.threads > 1)
-        wl_run_threads(opt.threads, thread_task, &run, NULL);
-    else if (cxlssd_tasks_run((unsigned)opt.tasks, task, &run) != 0)
-        wl_fail("cxlssd_tasks_run", opt.tasks);
+    if (opt.threads > 1) {
+        wl_run_threads(opt.threads, thread_task, &run, NULL, &opt.common); /* begins the ROI */
+    } else {
+        wl_roi_begin(&opt.common);
+        if (cxlssd_tasks_run((unsigned)opt.tasks, task, &run) != 0)
+            wl_fail("cxlssd_tasks_run", opt.tasks);
+    }
     wl_roi_end(&opt.common, &data[0], sizeof data[0]);
     getrusage(RUSAGE_SELF, &usage);
     /* a page fault in the ROI lets the promotion daemon rescan the program's pages */

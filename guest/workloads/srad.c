@@ -283,9 +283,7 @@ int main(int argc, char **argv)
         for (uint64_t i = 0; i < im.rows; i++)
             for (uint64_t j = 0; j < im.cols; j++)
                 im.J[i * im.cols + j] = input_pixel(key, i, j);
-        if (pass == opt.warm_passes)
-            wl_roi_begin(&opt.common);
-        wl_run_threads(run.threads, srad, &run, &run.barrier);
+        wl_run_threads(run.threads, srad, &run, &run.barrier, pass == opt.warm_passes ? &opt.common : NULL);
     }
     wl_roi_end(&opt.common, &im.J[0], sizeof im.J[0]);
 

@@ -1360,12 +1360,14 @@ int main(int argc, char **argv)
     wl_count_alloc(heap);
 
     for (uint64_t pass = 0; pass <= opt.warm_passes; pass++) {
-        if (pass == opt.warm_passes)
-            wl_roi_begin(&opt.common);
-        if (opt.threads > 1)
-            wl_run_threads(opt.threads, run_thread, parts, NULL);
-        else
+        const struct wl_common *roi = pass == opt.warm_passes ? &opt.common : NULL;
+        if (opt.threads > 1) {
+            wl_run_threads(opt.threads, run_thread, parts, NULL, roi);
+        } else {
+            if (roi != NULL)
+                wl_roi_begin(roi);
             run_transactions(&parts[0], opt.transactions);
+        }
     }
     wl_roi_end(&opt.common, &parts[0].totals.payment_cents, sizeof parts[0].totals.payment_cents);
 
