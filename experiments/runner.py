@@ -146,12 +146,13 @@ def roi_totals(rois: list[dict[str, Any]]) -> dict[str, Any]:
         model, fl = roi["device"]["model"], roi["device"].get("flash", {})
         for key in device:
             device[key] += model[key]
-        for key, value in roi["device"].get("os", {}).items():
+        guest_os = roi["device"].get("os", {})
+        for key, value in guest_os.items():
             if key != "parked":  # a gauge: reads parked at the ROI's end, not a count
                 switching[key] = switching.get(key, 0) + value
         # Where the guest switches (live, or its recording) the long delays are the ones
         # answered to it; the model counts only those it hides itself (synthetic replays).
-        device["long_delays"] += roi["device"].get("os", {}).get("long_delays", 0)
+        device["long_delays"] += guest_os.get("long_delays", 0)
         flash["reads"] += fl.get("reads_total", 0)
         flash["programs"] += fl.get("programs_total", 0)
         flash["erases"] += fl.get("erases_gc", 0)

@@ -412,9 +412,11 @@ static inline void wl_count_alloc(uint64_t bytes)
     wl_program.allocated += bytes;
 }
 
+/* Begin the ROI of `common`; NULL (a warm pass, outside the ROI) begins none. */
 static inline void wl_roi_begin(const struct wl_common *common)
 {
-    cxlssd_roi_begin(common->roi); /* the id was checked: 0..255 */
+    if (common != NULL)
+        cxlssd_roi_begin(common->roi); /* the id was checked: 0..255 */
 }
 
 /*
@@ -485,7 +487,7 @@ static inline void wl_run_threads(uint64_t n, void (*fn)(uint64_t k, void *share
             exit(1);
         }
     }
-    if (roi != NULL && !gated)
+    if (!gated)
         wl_roi_begin(roi);
     wl_thread_main(&threads[0]);
     for (uint64_t k = 1; k < n; k++)

@@ -311,8 +311,7 @@ static struct bfs_result bfs_pass(const struct options *opt, const struct graph 
                                   uint32_t *queue, const struct wl_common *roi)
 {
     if (opt->threads == 1) {
-        if (roi != NULL)
-            wl_roi_begin(roi);
+        wl_roi_begin(roi);
         return bfs(g, root, level, queue);
     }
     struct bfs_run run = {.g = g, .level = level, .queue = queue, .threads = opt->threads, .tail = 1};

@@ -339,11 +339,11 @@ int main(int argc, char **argv)
     uint64_t warm_failures = 0; /* a warm pass's reads are checked as the ROI's are */
     for (uint64_t pass = 0; pass <= opt.warm_passes; pass++) {
         const bool roi = pass == opt.warm_passes;
+        const struct wl_common *roi_common = roi ? &opt.common : NULL;
         if (opt.threads > 1) {
-            wl_run_threads(opt.threads, run_thread, &threads, NULL, roi ? &opt.common : NULL);
+            wl_run_threads(opt.threads, run_thread, &threads, NULL, roi_common);
         } else {
-            if (roi)
-                wl_roi_begin(&opt.common);
+            wl_roi_begin(roi_common);
             runs[0] = run_ops(&s, ops[0], opt.ops);
         }
         if (roi)

@@ -157,8 +157,7 @@ static void sort(struct sort_run *run, const struct wl_common *roi)
     if (run->threads > 1) {
         wl_run_threads(run->threads, sort_share, run, &run->barrier, roi);
     } else {
-        if (roi != NULL)
-            wl_roi_begin(roi);
+        wl_roi_begin(roi);
         radix_sort(run->keys, run->buffer, run->n, run->bits);
     }
 }

@@ -1364,8 +1364,7 @@ int main(int argc, char **argv)
         if (opt.threads > 1) {
             wl_run_threads(opt.threads, run_thread, parts, NULL, roi);
         } else {
-            if (roi != NULL)
-                wl_roi_begin(roi);
+            wl_roi_begin(roi);
             run_transactions(&parts[0], opt.transactions);
         }
     }
