@@ -298,6 +298,18 @@ def _figure_lines(drawn: list[Drawn]) -> list[str]:
     return lines[:-1]
 
 
+def _design_param_lines(experiment: Experiment) -> list[str]:
+    """What the commands differ in between designs of one case (``design_params``)."""
+    if not experiment.design_params:
+        return []
+    per_design = "; ".join(f"`{d}` {_assignments(v)}" for d, v in experiment.design_params.items())
+    return [f"Commands per design: {per_design}; otherwise {_assignments(experiment.params)}."]
+
+
+def _assignments(values: dict[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in values.items())
+
+
 def write_results(experiment: Experiment, rows: dict[str, dict[str, Any]], out_dir: Path) -> dict[str, Any]:
     """Write results.csv, results.json, report.md and the figures; returns the table,
     the figures (``figures``, each with its files; ``plots``: every file), the points
@@ -336,6 +348,7 @@ def write_results(experiment: Experiment, rows: dict[str, dict[str, Any]], out_d
         "**modelled** (docs/live.md), never emulator wall-clock.",
         f"Speedup is over `{experiment.baseline}`; {ideal} flash traffic reduction is the baseline's "
         "flash operations over the design's (over the cases: their sums).",
+        *_design_param_lines(experiment),
         "",
         "## Over the cases",
         "",

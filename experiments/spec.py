@@ -27,6 +27,9 @@ Example (``experiments/demo.yaml``)::
       - name: recorded
         path: runs/chase.trace     # relative to this file
     overrides: {}                  # profile overrides for every design (--set)
+    params: {threads: "3"}         # a command {placeholder} not swept: its value for every design
+    design_params:                 # and per design (the case stays one: designs are compared on it)
+      base-cssd: {threads: "1"}
     notes: |                       # copied into report.md: what a reader must know
 
 A live point runs ``command`` in the guest under one design with the firmware
@@ -35,10 +38,14 @@ modelled time is the sum of its ROIs. A replay point replays a trace under one
 design with the replay driver (its ROIs if the trace has markers, else the
 modelled end of its last request). A sweep key with a dot is a profile key
 (every case sets it, like an override), one without is a ``{placeholder}`` of
-the command. Everything is checked before anything runs: unknown keys, unknown
-designs, bad overrides, a baseline or ideal that is not among the designs, a
-placeholder without a sweep value, a missing or corrupt trace, an injection
-that does not fit the platform's device are :class:`ConfigError` (or
+the command. A placeholder may instead take its value from ``params``, and per
+design from ``design_params``: the same case then runs a different command under
+some designs (``skybyte.yaml``: SkyByte's artifact runs the designs without
+context switching on one thread per core, those with it on three). Everything
+is checked before anything runs: unknown keys, unknown designs, bad overrides, a
+baseline or ideal that is not among the designs, a placeholder without a value,
+a missing or corrupt trace, an injection that does not fit the platform's device
+are :class:`ConfigError` (or
 :class:`InputError` for files). The file is read into the models below
 (:class:`~cxlssd.models.ConfigModel`, like platform files and profiles: one message
 format, naming file, key path, value and fix); the reader then checks what needs
@@ -107,6 +114,12 @@ def _mapping_of(what: str) -> BeforeValidator:
     return BeforeValidator(check)
 
 
+def _word(value: object) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(f"expected a word (a string or a number), got {short_repr(value)}")
+    return str(value)
+
+
 def _repeat(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_REPEAT:
         raise ValueError(f"expected a whole number of runs, 1..{MAX_REPEAT}, got {short_repr(value)}")
@@ -127,6 +140,8 @@ def _none_is_empty(value: object) -> object:
 
 Name = Annotated[str, BeforeValidator(_name)]
 Words = Annotated[tuple[str, ...], BeforeValidator(_strings)]
+# command placeholder -> its value
+Params = Annotated[dict[str, Annotated[str, BeforeValidator(_word)]], _mapping_of("placeholders to values")]
 # placeholder or dotted profile key -> values (one case per combination)
 Sweep = Annotated[dict[str, Words], _mapping_of("placeholder or profile key to a list of values")]
 Repeat = Annotated[int, BeforeValidator(_repeat)]
@@ -152,15 +167,17 @@ class Workload(ConfigModel):
     def qmp(self) -> tuple[QmpEvent, ...]:
         return ()
 
-    def cases(self) -> list[tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]]:
-        """(params, command, profile overrides) for each combination of the sweep values."""
+    @property
+    def placeholders(self) -> set[str]:
+        return {m for arg in self.command for m in _PLACEHOLDER.findall(arg)}
+
+    def cases(self) -> list[tuple[dict[str, str], tuple[str, ...]]]:
+        """(params, profile overrides) for each combination of the sweep values."""
         keys = sorted(self.sweep)
         out = []
         for values in itertools.product(*(self.sweep[k] for k in keys)):
             params = dict(zip(keys, values, strict=True))
-            command = tuple(_substitute(arg, params) for arg in self.command)
-            overrides = tuple(f"{k}={v}" for k, v in params.items() if "." in k)
-            out.append((params, command, overrides))
+            out.append((params, tuple(f"{k}={v}" for k, v in params.items() if "." in k)))
         return out
 
 
@@ -178,14 +195,10 @@ class LiveWorkload(Workload):
     designs: Words = Field(default=(), description="only these of the experiment's designs (default: all)")
 
     @model_validator(mode="after")
-    def _placeholders_swept(self) -> Self:
-        placeholders = {k for k in self.sweep if "." not in k}
-        used = {m for arg in self.command for m in _PLACEHOLDER.findall(arg)}
-        if used - placeholders:
-            missing = sorted(used - placeholders)[0]
-            raise ValueError(f"command uses {{{missing}}} but sweep gives it no values")
-        if placeholders - used:
-            raise ValueError(f"sweep: {sorted(placeholders - used)[0]} is not used in the command "
+    def _sweep_used(self) -> Self:
+        unused = {k for k in self.sweep if "." not in k} - self.placeholders
+        if unused:
+            raise ValueError(f"sweep: {sorted(unused)[0]} is not used in the command "
                              "(a profile key has a dot, e.g. cache.ways)")
         return self
 
@@ -295,6 +308,12 @@ class Experiment(ConfigModel):
     overrides: Annotated[dict[str, Any], _mapping_of("profile keys to values")] = Field(
         default_factory=dict, description="profile overrides for every design (like --set)"
     )
+    params: Params = Field(default_factory=dict, description="values of command {placeholder}s "
+                           "that no sweep gives, for every design (e.g. threads: 3)")
+    design_params: Annotated[dict[str, Params], _mapping_of("designs to placeholder values")] = Field(
+        default_factory=dict, description="per design, values that replace params' (e.g. base-cssd: "
+        "{threads: 1}); the case stays the same, so the designs are still compared on it"
+    )
     workloads: Annotated[tuple[LiveWorkload, ...], BeforeValidator(_none_is_empty)] = Field(
         default=(), description="live: guest commands under each design"
     )
@@ -336,6 +355,18 @@ class Experiment(ConfigModel):
             if unknown:
                 raise ValueError(f"workloads[{i}].designs: {short_repr(unknown[0])} is not one of the "
                                  f"designs {list(self.designs)}")
+            self._check_placeholders(i, workload)
+        unused = set(self.params) - {p for w in self.workloads for p in w.placeholders}
+        if unused:
+            raise ValueError(f"params: {sorted(unused)[0]} is not a {{placeholder}} of any workload's "
+                             "command")
+        for design, values in self.design_params.items():
+            if design not in self.designs:
+                raise ValueError(f"design_params: {short_repr(design)} is not one of the designs "
+                                 f"{list(self.designs)}")
+            if set(values) - set(self.params):
+                raise ValueError(f"design_params.{design}: {sorted(set(values) - set(self.params))[0]} has "
+                                 "no value in params: give there the value of the other designs")
         points = len(self.designs) * sum(
             math.prod(len(values) for values in w.sweep.values()) * self.repetitions(w)
             for w in self.all_workloads
@@ -344,6 +375,16 @@ class Experiment(ConfigModel):
             raise ValueError(f"{points} points (designs x sweep cases x repetitions); at most "
                              f"{MAX_POINTS} per experiment: split it or sweep fewer values")
         return self
+
+    def _check_placeholders(self, index: int, workload: LiveWorkload) -> None:
+        swept = {k for k in workload.sweep if "." not in k}
+        if swept & set(self.params):
+            raise ValueError(f"workloads[{index}]: {{{sorted(swept & set(self.params))[0]}}} is both swept "
+                             "and in params: give its values in one of them")
+        missing = workload.placeholders - swept - set(self.params)
+        if missing:
+            raise ValueError(f"workloads[{index}]: command uses {{{sorted(missing)[0]}}} but neither its "
+                             "sweep nor params gives it a value")
 
     @property
     def all_workloads(self) -> tuple[LiveWorkload | TraceWorkload, ...]:
@@ -354,14 +395,19 @@ class Experiment(ConfigModel):
         """Every point, workload-major: all designs of a case back to back, repetition
         after repetition (so slow drift of the host affects every design alike)."""
         return [
-            Point(w.name, design, params, command, w.knobs, w.qmp, overrides,
+            Point(w.name, design, params, self._command(w, design, params), w.knobs, w.qmp, overrides,
                   w if isinstance(w, TraceWorkload) else None, rep)
             for w in self.all_workloads
-            for params, command, overrides in w.cases()
+            for params, overrides in w.cases()
             for rep in range(1, self.repetitions(w) + 1)
             for design in self.designs
             if not isinstance(w, LiveWorkload) or not w.designs or design in w.designs
         ]
+
+    def _command(self, workload: Workload, design: str, params: dict[str, str]) -> tuple[str, ...]:
+        """``workload``'s command under ``design`` in the case ``params``."""
+        values = {**self.params, **self.design_params.get(design, {}), **params}
+        return tuple(_substitute(arg, values) for arg in workload.command)
 
     def repetitions(self, workload: Workload) -> int:
         if not isinstance(workload, LiveWorkload):

@@ -62,6 +62,30 @@ def test_points_cover_every_case_and_design_with_substituted_commands() -> None:
     ]
 
 
+def test_design_params_give_one_case_a_command_per_design(tmp_path: Path) -> None:
+    """SkyByte's artifact runs the designs without context switching on one thread per
+    core and those with it on three: one case, compared across designs, whose command
+    differs by design."""
+    experiment = experiment_from_dict({
+        **BASE, "params": {"threads": 3}, "design_params": {"base-cssd": {"threads": 1}},
+        "workloads": [{"name": "r", "command": ["randread", "--size", "{size}", "--threads", "{threads}"],
+                       "sweep": {"size": ["1M"]}}],
+    }, "t.yaml")
+    points = {p.design: p for p in experiment.points()}
+    assert {p.case for p in points.values()} == {"r[size=1M]"}
+    assert points["base-cssd"].command == ("randread", "--size", "1M", "--threads", "1")
+    assert points["skybyte-full"].command[-1] == "3" and points["dram-only"].command[-1] == "3"
+    rows = {p.key: _row(p.key, p.design, 1000, 0) for p in points.values()}
+    write_results(experiment, rows, tmp_path)
+    assert "Commands per design: `base-cssd` threads=1; otherwise threads=3." in (
+        tmp_path / "report.md").read_text()
+    # skybyte.yaml: the artifact's threads per core (scripts-skybyte/run_full.sh)
+    skybyte = load_experiment(DEMO_FILE.with_name("skybyte.yaml")).points()
+    threads = {p.design: p.command[p.command.index("--threads") + 1] for p in skybyte if p.workload == "bfs"}
+    assert threads == {"base-cssd": "1", "skybyte-p": "1", "skybyte-w": "1", "skybyte-wp": "1",
+                       "dram-only": "1", "skybyte-c": "3", "skybyte-cp": "3", "skybyte-full": "3"}
+
+
 def test_skybyte_scales_the_llc_with_every_other_capacity() -> None:
     """DESIGN.md decision 8: the LLC is a capacity too. Left at 2 MiB beside SSD DRAM
     divided by 64 it was 1/4 of base-cssd's SSD DRAM where the evaluated system has
@@ -79,7 +103,16 @@ def test_skybyte_scales_the_llc_with_every_other_capacity() -> None:
         ({"designs": ["base-cssd", "base-cssd"]}, "twice"),
         ({"baseline": "skybyte-w"}, "baseline 'skybyte-w' is not one of the designs"),
         ({"workloads": []}, "non-empty list"),
-        ({"workloads": [{"name": "x", "command": ["chase", "{n}"]}]}, "uses {n} but sweep gives it no"),
+        ({"workloads": [{"name": "x", "command": ["chase", "{n}"]}]},
+         "workloads[0]: command uses {n} but neither its sweep nor params gives it a value"),
+        ({"params": {"size": "1M"}}, "{size} is both swept and in params"),
+        ({"params": {"n": "1"}}, "params: n is not a {placeholder} of any workload's command"),
+        ({"workloads": [{"name": "x", "command": ["chase", "{n}"]}], "params": {"n": "1"},
+          "design_params": {"skybyte-w": {"n": "2"}}},
+         "design_params: 'skybyte-w' is not one of the designs"),
+        ({"workloads": [{"name": "x", "command": ["chase", "{n}"]}], "params": {"n": "1"},
+          "design_params": {"dram-only": {"m": "2"}}}, "design_params.dram-only: m has no value in params"),
+        ({"params": {"n": [1]}}, "expected a word"),
         ({"workloads": [{"name": "x", "command": ["chase"], "sweep": {"n": ["1"]}}]}, "n is not used"),
         ({"workloads": [{"name": "x", "comand": ["chase"]}]}, "did you mean 'command'"),
         ({"workloads": [{"name": "x", "command": ["chase"], "designs": ["skybyte-w"]}]},
