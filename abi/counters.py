@@ -338,16 +338,19 @@ class PluginCounters(MappedFile):
         """ROI markers the guest executed while the plugin was dormant."""
         return self._u32_field("markers_ignored")
 
-    def set_clock(self, insn_ps: int, dram_ps: int, store_miss_write: bool = False) -> None:
-        """Set the parameters the plugin takes at its next activation: the clock's, and
+    def set_clock(self, insn_ps: int, dram_ps: int, store_miss_write: bool = False,
+                  llc_cold_at_roi: bool = False) -> None:
+        """Set the parameters the plugin takes at its next activation: the clock's,
         whether an LLC store miss to CXL memory is a write to the device's log
-        (no fetch, SkyByte's W designs) rather than a read for ownership."""
+        (no fetch, SkyByte's W designs) rather than a read for ownership, and whether
+        an ROI begins on an empty LLC (its dirty CXL lines written back first)."""
         if not 0 < insn_ps <= 10**9 or not 0 <= dram_ps <= 10**9:
             raise ValueError(f"insn_ps {insn_ps} must be 1..1e9 and dram_ps {dram_ps} 0..1e9 (picoseconds)")
         u32, u64 = self._arrays()
         u64[_field("insn_ps")] = insn_ps
         u64[_field("dram_ps")] = dram_ps
         u32[_field("store_miss_write")] = int(store_miss_write)
+        u32[_field("llc_cold_at_roi")] = int(llc_cold_at_roi)
 
     def set_mode(self, active: bool, wait_s: float = 180.0) -> None:
         """Ask the plugin to switch mode and wait until it has. The switch

@@ -142,7 +142,8 @@ struct cxlssd_counters_header {
     uint32_t roi_offset, roi_slots;
     uint64_t roi_events; /* recorded (beyond the slots they are counted, not kept) */
     uint32_t activations, markers_ignored;
-    uint32_t store_miss_write, reserved; /* 1: a store miss writes the device's log, no fetch */
+    /* 1: a store miss writes the device's log, no fetch; 1: an ROI begins on an empty LLC */
+    uint32_t store_miss_write, llc_cold_at_roi;
 };
 
 struct cxlssd_window_slot {

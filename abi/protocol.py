@@ -219,7 +219,7 @@ COUNTERS_HEADER_DTYPE = np.dtype(
         ("activations", "<u4"),
         ("markers_ignored", "<u4"),
         ("store_miss_write", "<u4"),
-        ("reserved", "<u4"),
+        ("llc_cold_at_roi", "<u4"),
     ]
 )
 #: struct cxlssd_window_slot

@@ -286,6 +286,7 @@ class LiveSession(Lifecycle):
             counters.set_clock(
                 platform.config.cpu.insn_ps, profile["latency.host_dram_ns"] * 1000,
                 store_miss_write=profile["write_log.enabled"] and profile["write_log.store_miss_to_log"],
+                llc_cold_at_roi=profile["cpu.llc_cold_at_roi_begin"],
             )
             counters.set_mode(True)
         except BaseException:

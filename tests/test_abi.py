@@ -132,7 +132,7 @@ def test_the_header_and_the_python_side_agree(tmp_path: Path) -> None:
             "FLAG_NEW",
         ),
         (
-            ("uint32_t store_miss_write, reserved;", "uint32_t reserved, store_miss_write;"),
+            ("uint32_t store_miss_write, llc_cold_at_roi;", "uint32_t llc_cold_at_roi, store_miss_write;"),
             "store_miss_write",
         ),
     ],

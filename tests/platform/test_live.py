@@ -221,6 +221,22 @@ def test_store_misses_go_to_the_log_without_a_fetch_in_w_designs(default_platfor
     assert model["reads"] >= 0.95 * report["steps"], model  # reads for ownership
 
 
+def test_a_roi_can_begin_on_an_empty_llc(default_platform: Platform) -> None:
+    """cpu.llc_cold_at_roi_begin (SkyByte's measured run starts MacSim's caches cold):
+    512 KiB of slots, written in the warm pass, fit the 2 MiB LLC, so the ROI finds them
+    there; with the key on, the ROI begins on an empty LLC and misses on every line,
+    and the warm pass's dirty lines reached the device before it, not in it."""
+    chase = ("--bytes", "512K", "--stride", "64", "--warm", "1", "--write")
+    warm = run_chase(default_platform, "base-cssd", *chase)[1]
+    cold = run_chase(default_platform, "base-cssd", *chase, overrides=("cpu.llc_cold_at_roi_begin=true",))[1]
+    lines = 512 * 1024 // 64
+    warm_model, cold_model = (r["rois"][0]["device"]["model"] for r in (warm, cold))
+    print(f"ROI device reads: warm LLC {warm_model['reads']}, cold {cold_model['reads']} of {lines} lines")
+    assert warm_model["reads"] <= 0.05 * lines and cold_model["reads"] >= 0.95 * lines
+    assert cold_model["writes"] <= 0.05 * lines
+    assert cold["rois"][0]["modelled_ns"] > warm["rois"][0]["modelled_ns"] + 0.9 * lines * 100
+
+
 def test_streaming_over_more_than_the_ssd_dram_pays_one_fill_and_63_hits_per_page(
     default_platform: Platform,
 ) -> None:
