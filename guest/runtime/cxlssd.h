@@ -50,7 +50,10 @@
 extern "C" {
 #endif
 
-/* Mark the begin/end of ROI `id` (0..255): 0, or -1 with errno EINVAL if id > 255. */
+/* Mark the begin/end of ROI `id` (0..255): 0, or -1 with errno EINVAL if id > 255. An ROI
+ * begins right after the kernel's next timer tick (at most one tick period, 4 ms of guest
+ * time, away), so that under -icount its ticks fall at the same instructions in every run;
+ * CXLSSD_ROI_BEGIN(id) marks at once. */
 int cxlssd_roi_begin(unsigned id);
 int cxlssd_roi_end(unsigned id);
 

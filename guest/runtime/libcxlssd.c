@@ -40,9 +40,10 @@
 
 _Static_assert(CXLSSD_RUNTIME_IDS == 256, "CASES_256 covers exactly the runtime ids");
 
-/* The two exported functions (declared in cxlssd.h): a switch with one marker per id. */
-#define MARKER_FUNCTION(name, cmd)                                                         \
-    int name(unsigned id)                                                                  \
+/* A switch with one marker per id: cxlssd_roi_end (declared in cxlssd.h) and the marker of
+ * cxlssd_roi_begin. */
+#define MARKER_FUNCTION(linkage, name, cmd)                                                \
+    linkage int name(unsigned id)                                                          \
     {                                                                                      \
         switch (id) {                                                                      \
             CASES_256(cmd)                                                                 \
@@ -52,8 +53,42 @@ _Static_assert(CXLSSD_RUNTIME_IDS == 256, "CASES_256 covers exactly the runtime 
         }                                                                                  \
     }
 
-MARKER_FUNCTION(cxlssd_roi_begin, CXLSSD_CMD_ROI_BEGIN)
-MARKER_FUNCTION(cxlssd_roi_end, CXLSSD_CMD_ROI_END)
+MARKER_FUNCTION(static, roi_begin_marker, CXLSSD_CMD_ROI_BEGIN)
+MARKER_FUNCTION(, cxlssd_roi_end, CXLSSD_CMD_ROI_END)
+
+/* Longest wait for a tick: HZ=250 ticks every 4 ms while a CPU is busy. */
+#define TICK_WAIT_NS 50000000LL
+
+static long long ns_of(const struct timespec *t)
+{
+    return t->tv_sec * 1000000000LL + t->tv_nsec;
+}
+
+/* Returns right after the kernel's next timer tick (the coarse clock moves only then).
+ * Under -icount the guest's clock counts instructions, so an ROI begun here has its
+ * ticks at the same instructions in every run; begun at a random phase of the tick, a
+ * tick fell in one run's ROI and not in another's, and its kernel work reshuffled the
+ * LLC and which flash reads met a program: ~2 % of a 20 ms ROI (docs/live.md). */
+static void wait_for_tick(void)
+{
+    struct timespec coarse, now, fine_start, fine;
+    if (clock_gettime(CLOCK_MONOTONIC_COARSE, &coarse) != 0 || clock_gettime(CLOCK_MONOTONIC, &fine_start) != 0)
+        return;
+    do {
+        if (clock_gettime(CLOCK_MONOTONIC_COARSE, &now) != 0 || clock_gettime(CLOCK_MONOTONIC, &fine) != 0)
+            return;
+    } while (ns_of(&now) == ns_of(&coarse) && ns_of(&fine) - ns_of(&fine_start) < TICK_WAIT_NS);
+}
+
+int cxlssd_roi_begin(unsigned id)
+{
+    if (id >= CXLSSD_RUNTIME_IDS) {
+        errno = EINVAL;
+        return -1;
+    }
+    wait_for_tick();
+    return roi_begin_marker(id);
+}
 
 /* ---- the paravirtual page ---------------------------------------------------
  * The platform exposes one page as the BAR 2 of an ivshmem-plain device
