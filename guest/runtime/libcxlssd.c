@@ -67,8 +67,8 @@ static long long ns_of(const struct timespec *t)
 /* Returns right after the kernel's next timer tick (the coarse clock moves only then).
  * Under -icount the guest's clock counts instructions, so an ROI begun here has its
  * ticks at the same instructions in every run; begun at a random phase of the tick, a
- * tick fell in one run's ROI and not in another's, and its kernel work reshuffled the
- * LLC and which flash reads met a program: ~2 % of a 20 ms ROI (docs/live.md). */
+ * tick fell in one run's ROI and not in another's (5 059 instructions, and its kernel
+ * work in the LLC: docs/live.md, "ROI boundaries"). */
 static void wait_for_tick(void)
 {
     struct timespec coarse, now, fine_start, fine;

@@ -184,7 +184,7 @@ static struct {
     uint64_t ring_mask, ring_head; /* private copy of head (single producer) */
     uint64_t timeout_ns, insn_ps, dram_ps;
     uint32_t store_miss_write; /* an LLC store miss to CXL memory is a log write, not a fetch */
-    uint32_t llc_cold_at_roi;  /* an ROI begins on an empty LLC, its dirty CXL lines written back */
+    uint32_t llc_cold_at_roi;  /* an ROI begins on an empty LLC, its dirty lines dropped */
     int ring_given_up;
 
     /* Mode: `active` changes only inside the reset callback (all vCPUs stopped). */
@@ -564,27 +564,6 @@ static void llc_access(unsigned int vcpu, struct cxlssd_vcpu_slot *s, uint64_t l
             device_request(vcpu, s, vw, vline, CXLSSD_OP_WRITE, 1, now_ps);
         }
     }
-}
-
-/* An ROI begins on an empty LLC (SkyByte's artifact measures a MacSim run, whose caches
- * start cold): the dirty CXL lines go to the device as write-backs before the ROI's
- * marker, so what the set-up, and whatever ran beside it, left in the LLC does not
- * change the ROI. Caller holds the spinlock if vCPUs share the cache. */
-static void llc_empty(unsigned int vcpu, struct cxlssd_vcpu_slot *s, uint64_t now_ps)
-{
-    const uint64_t entries = (P.llc_set_mask + 1) * P.llc_ways;
-    const uint32_t known = __atomic_load_n(&P.n_known, __ATOMIC_ACQUIRE);
-    for (uint64_t i = 0; i < entries; i++) {
-        if (P.llc[i] & 1) {
-            uint64_t line = (P.llc[i] >> 1) - 1;
-            struct window *w = find_window(line << LINE_SHIFT, known);
-            BUMP(&s->writebacks[w != NULL]);
-            if (w != NULL) {
-                device_request(vcpu, s, w, line, CXLSSD_OP_WRITE, 1, now_ps);
-            }
-        }
-    }
-    memset(P.llc, 0, entries * sizeof *P.llc);
 }
 
 static void llc_lock(void)
@@ -1015,7 +994,11 @@ static void on_marker(unsigned int vcpu, void *userdata)
     }
     uint64_t now_ps = clock_at(vcpu, s, insns);
     if (code >> 16 == CXLSSD_CMD_ROI_BEGIN && P.llc_cold_at_roi && P.llc != NULL) {
-        llc_empty(vcpu, s, now_ps);
+        /* An ROI begins on an empty LLC, as SkyByte's measured run starts MacSim's caches
+         * cold: its dirty lines are dropped, as the artifact's warm-up run's last ones
+         * never reach its SSD model (written back, their programs fell in the ROI). So
+         * what the set-up, and whatever ran beside it, left in the LLC does not change it. */
+        memset(P.llc, 0, (P.llc_set_mask + 1) * P.llc_ways * sizeof *P.llc);
     }
     uint64_t index = P.hdr->roi_events;
     if (index < CXLSSD_ROI_SLOTS) {

@@ -224,8 +224,9 @@ def test_store_misses_go_to_the_log_without_a_fetch_in_w_designs(default_platfor
 def test_a_roi_can_begin_on_an_empty_llc(default_platform: Platform) -> None:
     """cpu.llc_cold_at_roi_begin (SkyByte's measured run starts MacSim's caches cold):
     512 KiB of slots, written in the warm pass, fit the 2 MiB LLC, so the ROI finds them
-    there; with the key on, the ROI begins on an empty LLC and misses on every line,
-    and the warm pass's dirty lines reached the device before it, not in it."""
+    there; with the key on, the ROI begins on an empty LLC and misses on every line, and
+    the dirty lines are dropped, as the artifact's warm-up trace never writes back its
+    last ones: no write-back in the ROI or before it."""
     chase = ("--bytes", "512K", "--stride", "64", "--warm", "1", "--write")
     warm = run_chase(default_platform, "base-cssd", *chase)[1]
     cold = run_chase(default_platform, "base-cssd", *chase, overrides=("cpu.llc_cold_at_roi_begin=true",))[1]
@@ -234,6 +235,10 @@ def test_a_roi_can_begin_on_an_empty_llc(default_platform: Platform) -> None:
     print(f"ROI device reads: warm LLC {warm_model['reads']}, cold {cold_model['reads']} of {lines} lines")
     assert warm_model["reads"] <= 0.05 * lines and cold_model["reads"] >= 0.95 * lines
     assert cold_model["writes"] <= 0.05 * lines
+    # outside the ROI: the warm run writes back what stays dirty, the cold one not the dropped lines
+    warm_outside, cold_outside = (r["counters"]["model"]["writes"] - m["writes"]
+                                  for r, m in ((warm, warm_model), (cold, cold_model)))
+    assert cold_outside <= warm_outside, (cold_outside, warm_outside)
     assert cold["rois"][0]["modelled_ns"] > warm["rois"][0]["modelled_ns"] + 0.9 * lines * 100
 
 
