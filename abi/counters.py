@@ -343,7 +343,7 @@ class PluginCounters(MappedFile):
         """Set the parameters the plugin takes at its next activation: the clock's,
         whether an LLC store miss to CXL memory is a write to the device's log
         (no fetch, SkyByte's W designs) rather than a read for ownership, and whether
-        an ROI begins on an empty LLC (its dirty CXL lines written back first)."""
+        an ROI begins on an empty LLC (its dirty lines dropped)."""
         if not 0 < insn_ps <= 10**9 or not 0 <= dram_ps <= 10**9:
             raise ValueError(f"insn_ps {insn_ps} must be 1..1e9 and dram_ps {dram_ps} 0..1e9 (picoseconds)")
         u32, u64 = self._arrays()

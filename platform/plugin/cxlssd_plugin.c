@@ -566,6 +566,12 @@ static void llc_access(unsigned int vcpu, struct cxlssd_vcpu_slot *s, uint64_t l
     }
 }
 
+/* Every line invalid, none dirty (nothing is written back). */
+static void llc_clear(void)
+{
+    memset(P.llc, 0, (P.llc_set_mask + 1) * P.llc_ways * sizeof *P.llc);
+}
+
 static void llc_lock(void)
 {
     while (__atomic_exchange_n(&P.busy, 1, __ATOMIC_ACQUIRE)) {
@@ -998,7 +1004,7 @@ static void on_marker(unsigned int vcpu, void *userdata)
          * cold: its dirty lines are dropped, as the artifact's warm-up run's last ones
          * never reach its SSD model (written back, their programs fell in the ROI). So
          * what the set-up, and whatever ran beside it, left in the LLC does not change it. */
-        memset(P.llc, 0, (P.llc_set_mask + 1) * P.llc_ways * sizeof *P.llc);
+        llc_clear();
     }
     uint64_t index = P.hdr->roi_events;
     if (index < CXLSSD_ROI_SLOTS) {
@@ -1042,7 +1048,7 @@ static void after_reset(qemu_plugin_id_t id)
             /* A cold LLC on every activation keeps runs reproducible; the
              * clock continues from where it stopped (dormant time is not counted). */
             if (P.llc != NULL) {
-                memset(P.llc, 0, (P.llc_set_mask + 1) * P.llc_ways * sizeof *P.llc);
+                llc_clear();
             }
             for (unsigned int i = 0; i < P.n_vslots; i++) {
                 P.last_insns[i] = qemu_plugin_u64_get(P.insns, i);
