@@ -107,11 +107,15 @@ def test_after_a_gc_storm_ends_flash_reads_are_back_to_normal(default_platform: 
           f"queued {queued_ns(r):.0f} ns)")
     assert end["gc_stopped_at_ns"] - start["at_ns"] == 5_000_000 and end["blocks_collected"] >= 64
     assert r["begin_ns"] > end["at_ns"] and r["device"]["flash"]["gc_runs"] == 0
-    # Back to an idle read, but for the queueing the model counts behind other traffic
-    # (a suite run, whose guest ran earlier tests, measured 3 245 ns against 3 158 idle;
-    # a run alone 3 158); during the storm it is > 5x.
+    # Back to an idle read, but for the queueing behind the ROI's own programs: pages
+    # its set-up dirtied, evicted from the data cache in the ROI. How many depends on
+    # what the shared guest ran before (alone: 29 programs, 3 216 ns against 3 158 idle;
+    # in a suite run 3 351 ns), so the bound is those programs' array time; during the
+    # storm a read waits > 5x idle.
+    flash = r["device"]["flash"]
     assert flash_read_ns(r) == pytest.approx(normal + queued_ns(r), rel=0.01)
-    assert flash_read_ns(r) < 1.05 * normal
+    assert flash["host_read_queue_ns"] <= flash["programs_total"] * session.profile["flash.program_ns"]
+    assert flash_read_ns(r) < 2 * normal
 
 
 @pytest.mark.guest
