@@ -91,6 +91,20 @@ def test_the_guest_runs_no_periodic_work_the_platform_removed(default_platform: 
     assert "Accepted publickey" in text and "Connection closed by" not in text, text
 
 
+def test_the_host_sends_the_guest_nothing_while_a_command_runs(default_platform: Platform) -> None:
+    """A packet sent by the host's clock (an SSH keepalive, every 15 s until 2026-12-07)
+    woke the guest's sshd inside whatever ROI ran then: its count depended on how fast
+    the host emulated. A command idle for 20 s gets no network interrupt (read after 2 s,
+    once the command's own start-up packets are answered)."""
+    script = (
+        "sleep 2; before=$(grep virtio0-input /proc/interrupts); sleep 20; "
+        'after=$(grep virtio0-input /proc/interrupts); echo "$before"; echo "$after"'
+    )
+    _, out, _ = default_platform.guest().run(["sh", "-c", script], check=True)
+    before, after = out.decode().splitlines()
+    assert "virtio0-input" in before and before == after
+
+
 def test_bound_process_writes_into_the_device_backing_file(default_platform: Platform) -> None:
     marker = secrets.token_bytes(16)
     pages = 64
