@@ -150,6 +150,10 @@ class _Open:
     # the vCPU's clock when the bracket's thread left its CPU (DAEMON_OFF), while it is out
     switched_out_clock_ns: int | None = None
     others_ns: int = 0  # what other threads ran in it meanwhile: not its work
+    # the clock when its thread's current stretch on the CPU began (the bracket's begin, or
+    # its DAEMON_ON), and its work in the stretches before, taken back when it left
+    stretch_clock_ns: int = 0
+    taken_back_ns: int = 0
     # not a look: the daemon on its CPU outside its looks (closed by its next look or by
     # its leaving the CPU), from this local time
     outside_looks: bool = False
@@ -198,7 +202,8 @@ class TransferEngine:
         if key in self._open:
             log.warning("transfer %d began on vCPU %d, thread %d inside transfer %d: the earlier one is "
                         "dropped", arg >> 1, vcpu, thread, self._open[key].ticket)
-        self._open[key] = _Open(arg >> 1, bool(arg & 1), by_os, self.clock_ns(vcpu, local_ns))
+        now_ns = self.clock_ns(vcpu, local_ns)
+        self._open[key] = _Open(arg >> 1, bool(arg & 1), by_os, now_ns, stretch_clock_ns=now_ns)
 
     def page_moved(self, vcpu: int, thread: int) -> None:
         """A PROMOTED/DEMOTED report (inside a bracket: one of its pages)."""
@@ -264,11 +269,21 @@ class TransferEngine:
         now_ns = self.clock_ns(vcpu, local_ns)
         if not on_cpu:
             if bracket.switched_out_clock_ns is None:
-                bracket.switched_out_clock_ns = now_ns
+                # Its work so far is taken back now, not at the look's end: the thread that
+                # runs next (a program parked on a long read resumes here) must not find the
+                # clock ahead by the daemon's work. Taken back at the end, it was: the read was
+                # timed after that work and waited for it again at its resume (a trace of
+                # skybyte-full's radix, 2026-12-07: 38 switches, hidden -0.62 ms).
+                own_ns = max(0, now_ns - bracket.stretch_clock_ns - bracket.inner_host_ns)
+                self.controller.charge_stall(vcpu, -own_ns)
+                bracket.taken_back_ns += own_ns
+                bracket.inner_host_ns = 0
+                bracket.switched_out_clock_ns = now_ns - own_ns
                 self.counters.os_switched_out += 1
         elif bracket.switched_out_clock_ns is not None:
             bracket.others_ns += now_ns - bracket.switched_out_clock_ns
             bracket.switched_out_clock_ns = None
+            bracket.stretch_clock_ns = now_ns
 
     def _begin_outside_looks(self, key: tuple[int, int], local_ns: int) -> None:
         self._open[key] = _Open(0, False, True, self.clock_ns(key[0], local_ns), outside_looks=True,
@@ -299,9 +314,9 @@ class TransferEngine:
                         ticket, vcpu, thread)
             return
         cfg, c = self.config, self.counters
-        # the clock's advance in the bracket less what other threads did in it
-        copy_ns = self.clock_ns(vcpu, local_ns) - bracket.begin_clock_ns
-        copy_ns -= bracket.inner_host_ns + bracket.others_ns
+        # the clock's advance in its thread's last stretch on the CPU, less what brackets of
+        # other threads charged there (the stretches before were taken back as they ended)
+        copy_ns = self.clock_ns(vcpu, local_ns) - bracket.stretch_clock_ns - bracket.inner_host_ns
         if bracket.by_os:
             cost = self.controller.move_cost
             host_ns = cost.ns_per_batch + cost.ns_per_page * bracket.pages if bracket.pages else 0
@@ -309,7 +324,7 @@ class TransferEngine:
             host_ns = cfg.host_ns_per_transfer + cfg.host_ns_per_page * bracket.pages
         self.controller.charge_stall(vcpu, host_ns - copy_ns)
         for (other_vcpu, _), outer in self._open.items():  # brackets this one ran inside
-            if other_vcpu == vcpu:
+            if other_vcpu == vcpu and outer.switched_out_clock_ns is None:  # (out: in its others)
                 outer.inner_host_ns += host_ns
         nbytes = bracket.pages * PAGE_BYTES
         duration_ns = 0
@@ -329,7 +344,7 @@ class TransferEngine:
             c.os_pages += bracket.pages
             c.os_flash_pages += bracket.flash_pages
             c.os_busy_ns += duration_ns
-            c.os_taken_back_ns += copy_ns
+            c.os_taken_back_ns += copy_ns + bracket.taken_back_ns
             c.os_others_ns += bracket.others_ns
             c.os_host_ns += host_ns
             if thread in self._daemons:  # still on its CPU: until it waits again, or looks

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cxlssd.abi.protocol import DAEMON_OFF, DAEMON_ON, XFER_BY_OS
+from cxlssd.abi.protocol import DAEMON_OFF, DAEMON_ON, SWITCH_KERNEL, XFER_BY_OS
 from cxlssd.firmware.controller import Controller
 from cxlssd.firmware.hints import HINT_DEAD, HINT_NEED, MAX_UNWAITED_TRANSFERS, EngineConfig
 from cxlssd.firmware.live_switching import guest_driven
@@ -309,6 +309,38 @@ def test_what_the_program_runs_while_a_look_blocks_stays_on_its_clock() -> None:
     assert t.os_taken_back_ns == 20_000 and t.foreign_requests == 0
     # the vCPU's clock at the look's end: the program's part stays, the daemon's is gone
     assert 20_000 + 6_000 + stall(s) == 6_000 + HIT_NS + READ_NS
+
+
+def test_a_program_parked_while_a_look_is_out_waits_only_for_its_own_read() -> None:
+    """As traced in skybyte-full's radix (2026-12-07): the daemon leaves its CPU halfway
+    through a look, the program runs and parks on a long read (the kernel helper's switch),
+    the daemon finishes the look and leaves, the program resumes. The daemon's first half is
+    taken back when it leaves, so the read is timed without it and the switch hides the read.
+    Taken back only at the look's end, the first half stayed on the clock the read was timed
+    on and came off before the resume: the program waited for it again (the trace's 38
+    switches hid -0.62 ms)."""
+    s = server("skybyte-full")
+    look = promotion(0, 1, [100], copy_ns=20_000, thread=DAEMON, by_os=True)
+    cut = np.flatnonzero(look["time_ns"] >= 10_000)[0]  # halfway through the copy
+    program = np.concatenate([
+        mark(10_000, MarkerCmd.DAEMON, DAEMON_OFF, DAEMON),
+        record(10_500, 300 << 12, flags=FLAG_QUERY, thread=PROGRAM),  # a cold read: long
+        mark(11_000, MarkerCmd.SWITCH, SWITCH_KERNEL, PROGRAM),
+        mark(11_500, MarkerCmd.DAEMON, DAEMON_ON, DAEMON),
+    ])
+    rest = look[cut:].copy()
+    rest["time_ns"] += 1_500  # the program's time
+    end = int(rest["time_ns"][-1])
+    s.serve(np.concatenate([look[:cut], program, rest, mark(end + 500, MarkerCmd.DAEMON, DAEMON_OFF, DAEMON),
+                            mark(end + 1_000, MarkerCmd.RESUME, 1, PROGRAM)]))
+    os, t = s.switching.counters, s.transfers.counters
+    assert os.long_delays == os.kernel_switches == os.resumes == 1
+    assert t.os_switched_out == 1 and t.os_taken_back_ns == 20_000 and t.os_outside_looks_ns == 500
+    # the read was issued 500 ns into the program's time; at its resume the clock holds the
+    # program's 1 500 + 500 ns and the move's CPU part (the daemon's work is gone)
+    latency_ns = os.hidden_ns + os.residual_wait_ns
+    assert latency_ns == HIT_NS + READ_NS
+    assert os.residual_wait_ns == max(0, 500 + latency_ns - (2_000 + t.os_host_ns)) and os.hidden_ns > 0
 
 
 def test_another_threads_daemon_marker_changes_nothing() -> None:
