@@ -159,6 +159,11 @@ class _Open:
     outside_looks: bool = False
     begin_local_ns: int = 0
 
+    def stretch_ns(self, now_ns: int) -> int:
+        """Its thread's work in its current stretch on the CPU, at clock ``now_ns``: the
+        clock's advance less what brackets of other threads charged there."""
+        return now_ns - self.stretch_clock_ns - self.inner_host_ns
+
 
 class TransferEngine:
     """Settles transfer brackets and hints per vCPU (see the module doc).
@@ -274,7 +279,7 @@ class TransferEngine:
                 # clock ahead by the daemon's work. Taken back at the end, it was: the read was
                 # timed after that work and waited for it again at its resume (a trace of
                 # skybyte-full's radix, 2026-12-07: 38 switches, hidden -0.62 ms).
-                own_ns = max(0, now_ns - bracket.stretch_clock_ns - bracket.inner_host_ns)
+                own_ns = max(0, bracket.stretch_ns(now_ns))
                 self.controller.charge_stall(vcpu, -own_ns)
                 bracket.taken_back_ns += own_ns
                 bracket.inner_host_ns = 0
@@ -314,9 +319,8 @@ class TransferEngine:
                         ticket, vcpu, thread)
             return
         cfg, c = self.config, self.counters
-        # the clock's advance in its thread's last stretch on the CPU, less what brackets of
-        # other threads charged there (the stretches before were taken back as they ended)
-        copy_ns = self.clock_ns(vcpu, local_ns) - bracket.stretch_clock_ns - bracket.inner_host_ns
+        # its last stretch on the CPU (the stretches before were taken back as they ended)
+        copy_ns = bracket.stretch_ns(self.clock_ns(vcpu, local_ns))
         if bracket.by_os:
             cost = self.controller.move_cost
             host_ns = cost.ns_per_batch + cost.ns_per_page * bracket.pages if bracket.pages else 0

@@ -121,6 +121,13 @@ static inline uint64_t share_begin(const struct sort_run *r, uint64_t k)
     return k * r->n / r->threads;
 }
 
+/* The thread whose share holds position q: the last k with share_begin(k) <= q. */
+static inline uint64_t share_of(const struct sort_run *r, uint64_t q)
+{
+    const uint64_t k = ((q + 1) * r->threads - 1) / r->n;
+    return k < r->threads ? k : r->threads - 1;
+}
+
 /* Thread k's share of radix_sort: keys [k n / T, (k + 1) n / T) of each pass's input go
  * after every smaller digit's and after the same digit's keys of threads j < k. */
 static void sort_share(uint64_t k, void *shared)
@@ -145,14 +152,8 @@ static void sort_share(uint64_t k, void *shared)
                     next[digit] = start;
                 start += r->counts[j][digit];
             }
-            /* the thread whose share the digit's next key lands in */
-            uint64_t o = next[digit] * threads / r->n;
-            while (o > 0 && share_begin(r, o) > next[digit])
-                o--;
-            while (o + 1 < threads && share_begin(r, o + 1) <= next[digit])
-                o++;
-            owner[digit] = o;
-            owner_end[digit] = share_begin(r, o + 1);
+            owner[digit] = share_of(r, next[digit]); /* where the digit's next key lands */
+            owner_end[digit] = share_begin(r, owner[digit] + 1);
         }
         if (counting)
             memset(row, 0, threads * radix * sizeof *row);
