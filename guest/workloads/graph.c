@@ -17,12 +17,14 @@
  *   --kernel bc:  Brandes' betweenness centrality from --sources K sources (a scrambled
  *                 pick), forward BFS counting shortest paths, backward accumulation of
  *                 dependencies (pull from successors), scores summed over the sources;
- *                 with --threads T (as GAP's bc), the sources one after another and T
- *                 threads sharing each one's levels: a level's frontier expanded as in bfs,
- *                 then each new vertex pulls its path count from the level above, and
- *                 backwards each vertex its dependency from the level below; one state,
- *                 as one thread's, and values summed in adjacency order (the same bits in
- *                 every run; one thread pushes its path counts: the last bits may differ).
+ *                 path counts are exact 64-bit integers; with --threads T (as GAP's bc),
+ *                 the sources one after another and T threads sharing each one's levels:
+ *                 a level's frontier expanded as in bfs, each thread pushing its vertices'
+ *                 path counts to the next level by atomic adds as it scans (GAP's pushes
+ *                 too), so the graph is read as often as by one thread; backwards each
+ *                 vertex pulls its dependency from the level below, summed in adjacency
+ *                 order by the one thread that owns it: one state, the same bits as one
+ *                 thread's with any thread count.
  * bfs --warm-passes N runs the kernel N times before the ROI, unmeasured (the levels reset
  * after each): SkyByte's artifact measures a pass of its trace after a warm-up pass of it
  * (main.cc), so its SSD DRAM holds what the kernel itself reads, not what the set-up left.
@@ -70,7 +72,8 @@ static uint64_t bytes_per_vertex(const struct options *opt)
     const uint64_t csr = sizeof(uint64_t) + opt->degree * sizeof(uint32_t);
     if (opt->kernel == KERNEL_BFS) /* level, queue */
         return csr + sizeof(int32_t) + sizeof(uint32_t);
-    return csr + sizeof(int32_t) + 3 * sizeof(double) + sizeof(uint32_t); /* dist, sigma, delta, score, queue */
+    /* dist, sigma, delta, score, queue */
+    return csr + sizeof(int32_t) + sizeof(uint64_t) + 2 * sizeof(double) + sizeof(uint32_t);
 }
 
 static uint64_t fixed_bytes(const struct options *opt)
@@ -354,13 +357,23 @@ static int run_bfs(const struct options *opt)
 
 struct brandes {
     int32_t *dist;         /* from the current source, -1 unreached */
-    double *sigma, *delta; /* shortest paths from the source; dependency of the source on v */
+    uint64_t *sigma;       /* shortest paths from the source (a count) */
+    double *delta;         /* dependency of the source on v */
     double *score;         /* the result: dependencies summed over the sources */
     uint32_t *queue;       /* the current source's BFS order */
     uint64_t last_reached; /* queue[0 .. last_reached): what the last source reached */
     uint64_t reached;      /* summed over the sources */
     uint64_t interior;     /* sum over sources s, reached t != s, of d(s, t) - 1 */
+    bool overflow;         /* a path count did not fit in 64 bits: the self-check fails */
 };
+
+/* sigma[w] += paths, atomically if other threads add to it too: true if it overflowed. */
+static inline bool add_paths(uint64_t *sigma, uint64_t paths, bool atomic)
+{
+    if (!atomic)
+        return __builtin_add_overflow(*sigma, paths, sigma);
+    return __atomic_fetch_add(sigma, paths, __ATOMIC_RELAXED) > UINT64_MAX - paths;
+}
 
 /*
  * Brandes, per source: reset the vertices the previous source reached, BFS counting the
@@ -374,9 +387,11 @@ __attribute__((noinline)) static void brandes(const struct graph *g, const uint3
     const uint64_t *const offsets = g->offsets;
     const uint32_t *const adj = g->adj;
     int32_t *const dist = b->dist;
-    double *const sigma = b->sigma, *const delta = b->delta, *const score = b->score;
+    uint64_t *const sigma = b->sigma;
+    double *const delta = b->delta, *const score = b->score;
     uint32_t *const queue = b->queue;
     uint64_t previous = 0, reached = 0, interior = 0;
+    bool overflow = false;
     for (uint64_t s = 0; s < count; s++) {
         for (uint64_t i = 0; i < previous; i++) {
             const uint32_t v = queue[i];
@@ -392,7 +407,7 @@ __attribute__((noinline)) static void brandes(const struct graph *g, const uint3
         for (uint64_t head = 0; head < tail; head++) {
             const uint32_t v = queue[head];
             const int32_t next = dist[v] + 1;
-            const double paths = sigma[v];
+            const uint64_t paths = sigma[v];
             const uint64_t end = offsets[v + 1];
             for (uint64_t i = offsets[v]; i < end; i++) {
                 const uint32_t w = adj[i];
@@ -401,7 +416,7 @@ __attribute__((noinline)) static void brandes(const struct graph *g, const uint3
                     queue[tail++] = w;
                 }
                 if (dist[w] == next)
-                    sigma[w] += paths;
+                    overflow |= add_paths(&sigma[w], paths, false);
             }
         }
         for (uint64_t q = tail - 1; q > 0; q--) { /* the source (q = 0) has no score */
@@ -412,9 +427,9 @@ __attribute__((noinline)) static void brandes(const struct graph *g, const uint3
             for (uint64_t i = offsets[v]; i < end; i++) {
                 const uint32_t w = adj[i];
                 if (dist[w] == next)
-                    sum += (1 + delta[w]) / sigma[w];
+                    sum += (1 + delta[w]) / (double)sigma[w];
             }
-            delta[v] = sigma[v] * sum;
+            delta[v] = (double)sigma[v] * sum;
             score[v] += delta[v];
             interior += (uint64_t)(next - 2);
         }
@@ -424,6 +439,7 @@ __attribute__((noinline)) static void brandes(const struct graph *g, const uint3
     b->last_reached = previous;
     b->reached = reached;
     b->interior = interior;
+    b->overflow = overflow;
 }
 
 static bool close_to(double value, double expected)
@@ -433,8 +449,8 @@ static bool close_to(double value, double expected)
 
 /*
  * The last source's state, against its definitions: dist is a BFS from the source (as for
- * bfs); sigma[v] is the sum of sigma over v's neighbours one level up (summed here in
- * adjacency order, in the kernel in BFS order); delta[v] is sigma[v] times the sum of
+ * bfs); sigma[v] is the sum of sigma over v's neighbours one level up (exactly);
+ * delta[v] is sigma[v] times the sum of
  * (1 + delta[w]) / sigma[w] over its neighbours one level down; and the dependencies sum to
  * the interior vertices of the shortest paths, sum over v of delta[v] = sum over t of
  * (d(t) - 1), an identity the recurrences do not force.
@@ -449,15 +465,16 @@ static bool check_brandes(const struct graph *g, const struct brandes *b, uint32
         const int32_t dv = b->dist[v];
         if (dv <= 0)
             continue; /* unreached, or the source */
-        double paths = 0, sum = 0;
+        uint64_t paths = 0;
+        double sum = 0;
         for (uint64_t i = g->offsets[v]; i < g->offsets[v + 1]; i++) {
             const uint32_t w = g->adj[i];
             if (b->dist[w] == dv - 1)
                 paths += b->sigma[w];
             else if (b->dist[w] == dv + 1)
-                sum += (1 + b->delta[w]) / b->sigma[w];
+                sum += (1 + b->delta[w]) / (double)b->sigma[w];
         }
-        if (!close_to(b->sigma[v], paths) || !close_to(b->delta[v], b->sigma[v] * sum))
+        if (b->sigma[v] != paths || !close_to(b->delta[v], (double)b->sigma[v] * sum))
             return false;
         dependencies += b->delta[v];
         interior += (uint64_t)dv - 1;
@@ -471,16 +488,17 @@ struct bc_run {
     uint64_t count, threads;
     struct brandes *b;
     uint64_t tail, interior; /* atomic */
+    bool overflow;           /* atomic */
     uint64_t *level_start;   /* the current source's level d is queue[level_start[d] .. level_start[d + 1]) */
     pthread_barrier_t barrier;
 };
 
 /* Brandes with the threads sharing each level of each source (the barriers order the
  * levels): reset what the previous source reached; forward, a level's frontier expanded
- * as in bfs_share, then each vertex of the new level sums its path count over its
- * neighbours one level up; backward from the deepest level, each vertex pulls its
- * dependency from the level below, as brandes() does. Every vertex's values are summed in
- * adjacency order by the one thread that owns it in that level. */
+ * as in bfs_share, each vertex's path count added to its neighbours one level down as
+ * brandes() does, by atomic adds (integers: any order gives the same counts); backward
+ * from the deepest level, each vertex pulls its dependency from the level below, as
+ * brandes() does, summed in adjacency order by the one thread that owns it. */
 static void bc_share(uint64_t k, void *shared)
 {
     struct bc_run *r = shared;
@@ -489,6 +507,7 @@ static void bc_share(uint64_t k, void *shared)
     const uint32_t *const adj = r->g->adj;
     const uint64_t threads = r->threads;
     uint64_t previous = 0, interior = 0;
+    bool overflow = false;
     for (uint64_t s = 0; s < r->count; s++) {
         for (uint64_t q = SHARE_BEGIN(k, 0, previous, threads); q < SHARE_END(k, 0, previous, threads); q++) {
             const uint32_t v = b->queue[q];
@@ -507,7 +526,7 @@ static void bc_share(uint64_t k, void *shared)
         uint64_t head = 0;
         int32_t depth = 0;
         for (;;) {
-            pthread_barrier_wait(&r->barrier); /* the last level's path counts are in */
+            pthread_barrier_wait(&r->barrier); /* the last level and its path counts are in */
             const uint64_t level_end = __atomic_load_n(&r->tail, __ATOMIC_RELAXED);
             if (k == 0)
                 r->level_start[depth] = head;
@@ -517,22 +536,14 @@ static void bc_share(uint64_t k, void *shared)
             for (uint64_t q = SHARE_BEGIN(k, head, level_end, threads); q < SHARE_END(k, head, level_end, threads);
                  q++) {
                 const uint32_t u = b->queue[q];
+                const uint64_t paths = b->sigma[u];
                 for (uint64_t i = offsets[u]; i < offsets[u + 1]; i++) {
                     const uint32_t w = adj[i];
                     if (claim_vertex(b->dist, w, depth + 1))
                         b->queue[__atomic_fetch_add(&r->tail, 1, __ATOMIC_RELAXED)] = w;
+                    if (__atomic_load_n(&b->dist[w], __ATOMIC_RELAXED) == depth + 1)
+                        overflow |= add_paths(&b->sigma[w], paths, true);
                 }
-            }
-            pthread_barrier_wait(&r->barrier); /* the new level is complete */
-            const uint64_t next_end = __atomic_load_n(&r->tail, __ATOMIC_RELAXED);
-            for (uint64_t q = SHARE_BEGIN(k, level_end, next_end, threads);
-                 q < SHARE_END(k, level_end, next_end, threads); q++) {
-                const uint32_t w = b->queue[q];
-                double paths = 0;
-                for (uint64_t i = offsets[w]; i < offsets[w + 1]; i++)
-                    if (b->dist[adj[i]] == depth)
-                        paths += b->sigma[adj[i]];
-                b->sigma[w] = paths;
             }
             head = level_end;
             depth++;
@@ -545,9 +556,9 @@ static void bc_share(uint64_t k, void *shared)
                 for (uint64_t i = offsets[v]; i < offsets[v + 1]; i++) {
                     const uint32_t w = adj[i];
                     if (b->dist[w] == d + 1)
-                        sum += (1 + b->delta[w]) / b->sigma[w];
+                        sum += (1 + b->delta[w]) / (double)b->sigma[w];
                 }
-                b->delta[v] = b->sigma[v] * sum;
+                b->delta[v] = (double)b->sigma[v] * sum;
                 b->score[v] += b->delta[v];
                 interior += (uint64_t)(d - 1);
             }
@@ -558,6 +569,8 @@ static void bc_share(uint64_t k, void *shared)
             b->reached += head;
     }
     __atomic_fetch_add(&r->interior, interior, __ATOMIC_RELAXED);
+    if (overflow)
+        __atomic_store_n(&r->overflow, true, __ATOMIC_RELAXED);
     if (k == 0)
         b->last_reached = previous;
 }
@@ -570,7 +583,7 @@ static int run_bc(const struct options *opt)
     for (uint64_t i = 0; i < opt->sources; i++)
         sources[i] = (uint32_t)wl_scramble(&pick, i); /* distinct, spread over the degrees */
     struct brandes b = {.dist = unreached_levels(g.n),
-                        .sigma = wl_alloc(g.n * sizeof(double)),
+                        .sigma = wl_alloc(g.n * sizeof(uint64_t)),
                         .delta = wl_alloc(g.n * sizeof(double)),
                         .score = wl_alloc(g.n * sizeof(double)),
                         .queue = wl_alloc(g.n * sizeof(uint32_t))};
@@ -586,6 +599,7 @@ static int run_bc(const struct options *opt)
     if (opt->threads > 1) {
         wl_run_threads(opt->threads, bc_share, &run, &run.barrier, &opt->common); /* begins the ROI */
         b.interior = run.interior;
+        b.overflow = run.overflow;
     } else {
         wl_roi_begin(&opt->common);
         brandes(&g, sources, opt->sources, &b);
@@ -601,7 +615,10 @@ static int run_bc(const struct options *opt)
         top = fmax(top, b.score[v]);
         checksum += wl_mix64(wl_double_bits(b.score[v]) ^ v * WL_GOLDEN);
     }
-    const bool ok = check_brandes(&g, &b, sources[opt->sources - 1]) && close_to(total, (double)b.interior);
+    if (b.overflow)
+        fprintf(stderr, "graph: a shortest-path count overflowed 64 bits (a smaller --degree or graph fits)\n");
+    const bool ok = !b.overflow && check_brandes(&g, &b, sources[opt->sources - 1]) &&
+                    close_to(total, (double)b.interior);
 
     struct wl_json j = report_graph(opt, &g);
     wl_json_u64(&j, "reached", b.reached);
