@@ -361,29 +361,58 @@ static int consumer_lost(uint64_t start, uint64_t spins)
     return 0;
 }
 
+static struct {
+    uint64_t waits, sleeps, wait_ns;
+} firmware_waits;
+
+/* What the vCPU waits for: room in the ring, an answer in a pv word, the ring served. */
+static int room_left(const uint64_t *tail, uint64_t head)
+{
+    return head - __atomic_load_n(tail, __ATOMIC_ACQUIRE) <= P.ring_mask;
+}
+
+static int answered(const uint64_t *answer, uint64_t seq)
+{
+    return __atomic_load_n(answer, __ATOMIC_ACQUIRE) == seq;
+}
+
+static int served_up_to(const uint64_t *tail, uint64_t head)
+{
+    return __atomic_load_n(tail, __ATOMIC_ACQUIRE) >= head;
+}
+
+/* Wait until `done(word, value)`: spin a little (a short answer comes within
+ * microseconds), then sleep in short steps. 1 when done, 0 after giving up on the
+ * consumer (never to wait again). */
+static int wait_for_consumer(int (*done)(const uint64_t *, uint64_t), const uint64_t *word, uint64_t value)
+{
+    uint64_t start = now_ns(), spins = 0;
+    int ok = 1;
+    while (!done(word, value)) {
+        if (++spins < 1024) {
+            __builtin_ia32_pause();
+        } else if (consumer_lost(start, spins)) {
+            ok = 0;
+            break;
+        }
+    }
+    /* host time the vCPUs waited for the firmware: emulation cost, not a result */
+    __atomic_fetch_add(&firmware_waits.waits, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&firmware_waits.sleeps, spins < 1024 ? 0 : spins - 1023, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&firmware_waits.wait_ns, now_ns() - start, __ATOMIC_RELAXED);
+    return ok;
+}
+
 /* Wait until the ring has room for one record. Returns 0 when it does, or
  * gives up on the consumer (never to wait again) and returns -1. */
 static int ring_wait(void)
 {
     struct cxlssd_ring_header *r = P.ring;
-    uint64_t start = now_ns(), spins = 0;
+    uint64_t start = now_ns();
     __atomic_fetch_add(&r->full_waits, 1, __ATOMIC_RELAXED);
-    for (;;) {
-        if (P.ring_head - __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE) <= P.ring_mask) {
-            __atomic_fetch_add(&r->wait_ns, now_ns() - start, __ATOMIC_RELAXED);
-            return 0;
-        }
-        spins++;
-        if (spins < 1024) {
-            __builtin_ia32_pause();
-            continue;
-        }
-        if (consumer_lost(start, spins)) {
-            break;
-        }
-    }
+    const int room = wait_for_consumer(room_left, &r->tail, P.ring_head);
     __atomic_fetch_add(&r->wait_ns, now_ns() - start, __ATOMIC_RELAXED);
-    return -1;
+    return room ? 0 : -1;
 }
 
 /* A free ring slot for one record, or NULL (the record is dropped: no
@@ -755,15 +784,7 @@ static int is_fast_string(const struct qemu_plugin_insn *insn)
 /* Wait until the firmware stores `seq` at `answer`; 0 if it was lost meanwhile. */
 static int await_answer(const uint64_t *answer, uint64_t seq)
 {
-    uint64_t start = now_ns(), spins = 0;
-    while (__atomic_load_n(answer, __ATOMIC_ACQUIRE) != seq) {
-        if (++spins < 1024) {
-            __builtin_ia32_pause();
-        } else if (consumer_lost(start, spins)) {
-            return 0;
-        }
-    }
-    return 1;
+    return wait_for_consumer(answered, answer, seq);
 }
 
 /* Ring `bell`; with `hold`, keep the vCPU until QEMU has taken the ring (not from a vCPU
@@ -799,16 +820,7 @@ static void ring_doorbell(struct doorbell *bell, int hold)
 /* Wait until the firmware has served every request published so far; 0 if it was lost. */
 static int ring_served(void)
 {
-    const uint64_t published = P.ring_head;
-    uint64_t start = now_ns(), spins = 0;
-    while (__atomic_load_n(&P.ring->tail, __ATOMIC_ACQUIRE) < published) {
-        if (++spins < 1024) {
-            __builtin_ia32_pause();
-        } else if (consumer_lost(start, spins)) {
-            return 0;
-        }
-    }
-    return 1;
+    return wait_for_consumer(served_up_to, &P.ring->tail, P.ring_head);
 }
 
 /* A look at the mailbox (see promote_bell): PROMOTE_CHECK_PS after the last, or when the
@@ -1204,6 +1216,12 @@ static int write_json(const char *path)
                 ",\n  \"ring\": {\"published\": %" PRIu64 ", \"dropped\": %" PRIu64 ", \"full_waits\": %" PRIu64
                 ", \"wait_ns\": %" PRIu64 ", \"producer_state\": %u}",
                 P.ring->head, P.ring->dropped, P.ring->full_waits, P.ring->wait_ns, P.ring->producer_state);
+    }
+    if (P.ring != NULL) {
+        fprintf(f,
+                ",\n  \"firmware_waits\": {\"waits\": %" PRIu64 ", \"sleeps\": %" PRIu64
+                ", \"host_wait_ns\": %" PRIu64 "}",
+                firmware_waits.waits, firmware_waits.sleeps, firmware_waits.wait_ns);
     }
     /* host time the vCPUs were held for QEMU to take a ring: emulation cost, not a result */
     const struct doorbell *bells[] = {&switch_bell, &promote_bell};

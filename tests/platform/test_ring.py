@@ -336,9 +336,9 @@ def test_dead_firmware_does_not_hang_the_guest(
 def test_stalled_firmware_times_out(
     plugin: Path, tmp_path: Path, stop_qemu: list[subprocess.Popen[bytes]]
 ) -> None:
-    ring_path = tmp_path / "ring"
+    ring_path, out = tmp_path / "ring", tmp_path / "c.json"
     qemu = _bare_qemu(
-        f"{plugin},shm={tmp_path / 'c'},ring={ring_path},llc=0,ring_records=16,ring_timeout_ms=300"
+        f"{plugin},out={out},shm={tmp_path / 'c'},ring={ring_path},llc=0,ring_records=16,ring_timeout_ms=300"
     )
     stop_qemu.append(qemu)
     with PluginCounters(tmp_path / "c") as counters, RequestRing(ring_path) as ring:  # never drained
@@ -348,3 +348,9 @@ def test_stalled_firmware_times_out(
         assert status.full_waits >= 1 and status.wait_ns >= 300_000_000 and status.dropped > 0
         with pytest.raises(RingError, match="consumer stalled"):
             ring.check()
+        qemu.terminate()
+        qemu.wait(timeout=60)
+    # the wait for room is one of the vCPU's waits for the firmware, all in sleeps after the spin
+    waits = json.loads(out.read_text())["firmware_waits"]
+    assert waits["waits"] == status.full_waits and waits["host_wait_ns"] >= 300_000_000
+    assert waits["sleeps"] >= 300_000_000 // 20_000 // 10  # 20 us sleeps (each longer on a busy host)
