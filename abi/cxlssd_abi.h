@@ -178,6 +178,8 @@ struct cxlssd_roi_event {
 /* features: what the attached firmware's design asks of the guest */
 #define CXLSSD_FEATURE_CONTEXT_SWITCH 1u
 #define CXLSSD_FEATURE_PROMOTION 2u
+/* with CONTEXT_SWITCH: the plugin also asks about reads while no ROI is open */
+#define CXLSSD_FEATURE_SWITCH_OUTSIDE_ROI 4u
 /* scheduler: the guest runtime's task scheduler */
 #define CXLSSD_SCHEDULER_ROUND_ROBIN 0u
 #define CXLSSD_SCHEDULER_EARLIEST_READY 1u

@@ -277,6 +277,8 @@ PV_DEMOTE = 1 << 63
 #: header features: what the guest runtime and the promotion daemon should do
 FEATURE_CONTEXT_SWITCH = 1
 FEATURE_PROMOTION = 2
+#: with FEATURE_CONTEXT_SWITCH: the plugin also asks about reads while no ROI is open
+FEATURE_SWITCH_OUTSIDE_ROI = 4
 #: the guest runtime's task schedulers, in the order of their numbers (header ``scheduler``)
 TASK_SCHEDULERS = ("round-robin", "earliest-ready")
 

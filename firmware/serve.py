@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cxlssd.abi.counters import PluginCounters
-from cxlssd.abi.protocol import FEATURE_CONTEXT_SWITCH, FEATURE_PROMOTION
+from cxlssd.abi.protocol import FEATURE_CONTEXT_SWITCH, FEATURE_PROMOTION, FEATURE_SWITCH_OUTSIDE_ROI
 from cxlssd.abi.pv import PvPage
 from cxlssd.errors import InputError
 from cxlssd.firmware.controller import Controller
@@ -205,6 +205,7 @@ def serve(
             driver.server.on_report = mailbox.reported
             page.set_features(
                 (FEATURE_CONTEXT_SWITCH if profile["context_switch.enabled"] else 0)
+                | (FEATURE_SWITCH_OUTSIDE_ROI if profile["context_switch.outside_roi"] else 0)
                 | (FEATURE_PROMOTION if profile["migration.enabled"] else 0),
                 profile["context_switch.scheduler"],
             )

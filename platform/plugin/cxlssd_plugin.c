@@ -185,6 +185,7 @@ static struct {
     uint64_t timeout_ns, insn_ps, dram_ps;
     uint32_t store_miss_write; /* an LLC store miss to CXL memory is a log write, not a fetch */
     uint32_t llc_cold_at_roi;  /* an ROI begins on an empty LLC, its dirty lines dropped */
+    uint32_t rois_open;        /* ROI_BEGINs not yet ended (since the activation) */
     int ring_given_up;
 
     /* Mode: `active` changes only inside the reset callback (all vCPUs stopped). */
@@ -485,8 +486,14 @@ static uint64_t cache_map_pages;
  * marker before it): a page that may be long under a design that switches. */
 static inline int implicit_query(unsigned int vcpu, uint64_t addr)
 {
-    if (switch_bell.fd < 0 || vcpu >= P.n_pv || P.query_state[vcpu] != QUERY_NONE ||
-        !(LOAD_RELAXED(&pv_header->features) & CXLSSD_FEATURE_CONTEXT_SWITCH)) {
+    if (switch_bell.fd < 0 || vcpu >= P.n_pv || P.query_state[vcpu] != QUERY_NONE) {
+        return 0;
+    }
+    /* Only inside an ROI unless the design asks for more: outside, nothing is a result,
+     * and each query costs a round trip to the firmware and a doorbell (docs/host-os.md). */
+    const uint32_t features = LOAD_RELAXED(&pv_header->features);
+    if (!(features & CXLSSD_FEATURE_CONTEXT_SWITCH) ||
+        (!(features & CXLSSD_FEATURE_SWITCH_OUTSIDE_ROI) && LOAD_RELAXED(&P.rois_open) == 0)) {
         return 0;
     }
     uint64_t page = addr >> 12;
@@ -1018,6 +1025,11 @@ static void on_marker(unsigned int vcpu, void *userdata)
          * what the set-up, and whatever ran beside it, left in the LLC does not change it. */
         llc_clear();
     }
+    if (code >> 16 == CXLSSD_CMD_ROI_BEGIN) {
+        P.rois_open++;
+    } else if (code >> 16 == CXLSSD_CMD_ROI_END && P.rois_open > 0) {
+        P.rois_open--;
+    }
     uint64_t index = P.hdr->roi_events;
     if (index < CXLSSD_ROI_SLOTS) {
         struct cxlssd_roi_event *e = &P.roi[index];
@@ -1057,6 +1069,7 @@ static void after_reset(qemu_plugin_id_t id)
             P.dram_ps = dram_ps;
             P.store_miss_write = LOAD_RELAXED(&P.hdr->store_miss_write) != 0;
             P.llc_cold_at_roi = LOAD_RELAXED(&P.hdr->llc_cold_at_roi) != 0;
+            P.rois_open = 0;
             /* A cold LLC on every activation keeps runs reproducible; the
              * clock continues from where it stopped (dormant time is not counted). */
             if (P.llc != NULL) {

@@ -32,13 +32,15 @@ READS = ("--footprint", "64M", "--reads", "6000", "--write-share", "0.1")
 def run(platform: Platform, design: str, threads: int, args: tuple[str, ...] = READS,
         record: Path | None = None, overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     """The ROI's results of randread in ``threads`` threads under ``design`` (self-checked),
-    with the program's report under ``report`` and the session's overrides."""
+    with the program's report under ``report``, the session's overrides and the whole
+    run's switching counters under ``run_os``."""
     with platform.attach(design, SSD + overrides, record=record) as session:
         _, out, _ = session.run(["randread", *args, "--threads", str(threads)], check=True)
     report = json.loads(out)
     assert report["check_ok"] and report["mismatches"] == 0, report
     (roi,) = session.results["rois"]
-    return {**roi, "report": report, "overrides": session.overrides}
+    return {**roi, "report": report, "overrides": session.overrides,
+            "run_os": session.results["counters"]["os"]}
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +86,20 @@ def test_three_threads_on_one_vcpu_gain_from_kernel_switching(
     assert os["parked"] == 0  # every parked read was settled by its RESUME
     stats = helper_stats(default_platform.guest())
     assert stats["switching"] == 1 and stats["parks"] >= os["kernel_switches"]
+    # the set-up's 64 MiB and the check read flash too, unasked: only the ROI's reads are queried
+    assert c3["run_os"]["queries"] == os["queries"] > 0
+
+
+def test_reads_outside_the_roi_are_asked_about_when_the_design_says_so(default_platform: Platform) -> None:
+    """context_switch.outside_roi: the set-up's long reads are queried (and rung) too."""
+    args = ("--footprint", "16M", "--reads", "500")
+    inside = run(default_platform, "skybyte-c", 1, args)
+    everywhere = run(default_platform, "skybyte-c", 1, args, overrides=("context_switch.outside_roi=true",))
+    print(f"queries: {inside['run_os']['queries']} (ROI only), "
+          f"{everywhere['run_os']['queries']} (everywhere)")
+    assert inside["run_os"]["queries"] == inside["device"]["os"]["queries"]
+    # 16 MiB set up: its first read of each of the 4 096 pages is a flash read
+    assert everywhere["run_os"]["queries"] >= everywhere["device"]["os"]["queries"] + 4096
 
 
 def test_one_thread_has_nothing_to_switch_to(runs: dict[tuple[str, int], Any]) -> None:
