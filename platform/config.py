@@ -204,6 +204,20 @@ class GuestConfig(ConfigModel):
         default=True, description="load the guest kernel helper (host_os/kmod/)"
     )
 
+    @model_validator(mode="after")
+    def _one_vcpu_under_icount(self) -> Self:
+        # Measured 2026-12-07 with QEMU 10.0.2: -smp 2 -icount with the plugin loaded (dormant,
+        # only its per-block instruction count) panics the guest at boot (a stack-protector
+        # or page-fault oops); without -icount, or without the plugin, it boots.
+        if self.vcpus > 1 and self.clock == "instructions":
+            raise ValueError(
+                f"vcpus: {self.vcpus} with clock: instructions is not supported: QEMU's -icount with "
+                "several vCPUs and the cxlssd plugin corrupts the guest (a kernel panic at boot; "
+                "docs/platform.md); use vcpus: 1, or clock: host (the guest's clocks then follow "
+                "the host's time)"
+            )
+        return self
+
 
 class CpuConfig(ConfigModel):
     """The modelled CPU: its clock (instructions x CPI / frequency) and its

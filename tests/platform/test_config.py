@@ -71,6 +71,7 @@ def test_shipped_configs_load() -> None:
         ({"guest": {"movable_dram": "16GiB"}}, "16GiB is more than the 8GiB QEMU's memory hotplug"),
         ({"guest": {"clock": "wall"}}, "guest.clock: expected one of instructions, host, got 'wall'"),
         ({"guest": {"kernel_helper": "yes"}}, "guest.kernel_helper: expected true or false, got 'yes'"),
+        ({"guest": {"vcpus": 2}}, "vcpus: 2 with clock: instructions is not supported"),
         ({"guest": []}, "expected a mapping"),
         ({"cxl_devices": [{"size": "300MiB"}]}, "not a multiple of 256MiB"),
         ({"cxl_devices": [{}]}, "missing 'size'"),
@@ -121,7 +122,7 @@ def test_a_variant_extends_another_and_states_only_what_differs(tmp_path: Path) 
     # Mappings merge key by key, a list replaces the base's, a chain resolves
     # relative to each file, and multi-guest files extend the same way.
     (tmp_path / "base.yaml").write_text(
-        "name: base\nguest: {dram: 1GiB, vcpus: 2}\ncxl_devices: [{size: 1GiB}]\n")
+        "name: base\nguest: {dram: 1GiB, vcpus: 2, clock: host}\ncxl_devices: [{size: 1GiB}]\n")
     (tmp_path / "mid.yaml").write_text("name: mid\nextends: base.yaml\nguest: {vcpus: 3}\n")
     (tmp_path / "top.yaml").write_text(
         "name: top\nextends: mid.yaml\ncxl_devices: [{size: 256MiB}, {size: 512MiB}]\n")
