@@ -193,7 +193,9 @@ class GuestConfig(ConfigModel):
         description="a DRAM node without CPUs for promoted pages and dram-only runs, a multiple of "
         "128MiB (0: node 0 takes them)",
     )
-    vcpus: Annotated[StrictInt, _positive(MAX_VCPUS)] = Field(default=1, description="virtual CPUs")
+    vcpus: Annotated[StrictInt, _positive(MAX_VCPUS)] = Field(
+        default=1, description="virtual CPUs; more than 1 only with `clock: host` (below)"
+    )
     boot_timeout_s: Annotated[StrictFloat, _positive(MAX_BOOT_TIMEOUT_S)] = Field(
         default=600.0, description="seconds to boot; the error then shows the serial log's last lines"
     )
