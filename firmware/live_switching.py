@@ -17,8 +17,8 @@ ready at t, ticket k" or "not long"; then
 Every SWITCH of the runtime costs ``switch_cost_ns``, also the ones that do not
 follow a long delay (a task that finished). A SWITCH of the guest kernel helper
 (transparent switching, docs/host-os.md: every device read of a page not in SSD DRAM
-is a query, the helper parks the thread and the scheduler runs another) costs nothing here: the switch's
-cost is the kernel's own instructions (interrupt, parking, scheduler; ~5 100
+inside an ROI is a query, the helper parks the thread and the scheduler runs another)
+costs nothing here: the switch's cost is the kernel's own instructions (interrupt, parking, scheduler; ~5 100
 measured), already on the vCPU's clock. One model, two triggers. The queried read
 is charged in full by the controller and stays charged until a SWITCH takes it back.
 Until then the vCPU's clock is that of a thread that waits for its data, so the

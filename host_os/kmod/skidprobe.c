@@ -123,7 +123,7 @@ static int run_skid(uint64_t bytes, size_t samples, uint64_t spin_iterations, ui
         data[i] = (unsigned char)i;
     }
     /* Opened after the set-up: the helper queues events only for an open reader, and the
-     * set-up's own long reads (every device read may ring) are no samples. */
+     * set-up's own long reads (they ring with context_switch.outside_roi) are no samples. */
     int fd = open("/dev/cxlssd_helper", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
         fprintf(stderr, "skidprobe: /dev/cxlssd_helper: %s (is cxlssd_helper loaded?)\n", strerror(errno));
@@ -132,6 +132,7 @@ static int run_skid(uint64_t bytes, size_t samples, uint64_t spin_iterations, ui
     size_t longs = 0, shorts = 0, n_timer = 0, n_doorbell = 0, unmatched = 0, late = 0;
     struct helper_event events[64];
     uint64_t state = seed | 1;
+    CXLSSD_ROI_BEGIN(1); /* the plugin asks about reads only inside an ROI (by default) */
     for (size_t s = 0; s < samples + 1; s++) {
         /* Drain what came meanwhile (also after the last sample, with a deadline). */
         for (;;) {
@@ -201,6 +202,7 @@ static int run_skid(uint64_t bytes, size_t samples, uint64_t spin_iterations, ui
         t0s[longs++] = t0;
         spin(spin_iterations);
     }
+    CXLSSD_ROI_END(1);
     printf("{\"mode\": \"skid\", \"samples\": %zu, \"long\": %zu, \"short\": %zu, \"spin_iterations\": %" PRIu64
            ", \"unmatched\": %zu, \"late\": %zu, ",
            samples, longs, shorts, spin_iterations, unmatched, late);
@@ -296,6 +298,7 @@ static int run_switch(uint64_t bytes, size_t samples, uint64_t seed)
     }
     size_t longs = 0, n_events = 0;
     uint64_t state = seed | 1;
+    CXLSSD_ROI_BEGIN(1);
     for (size_t s = 0; s < samples; s++) {
         const volatile unsigned char *p = data + (next_random(&state) % (bytes / 64)) * 64;
         unsigned value;
@@ -316,6 +319,7 @@ static int run_switch(uint64_t bytes, size_t samples, uint64_t seed)
             n_events += (size_t)got / sizeof *events;
         }
     }
+    CXLSSD_ROI_END(1);
     other.stop = 1;
     pthread_join(thread, NULL);
     /* Per parked long access: access -> interrupt handler -> park -> the other thread runs

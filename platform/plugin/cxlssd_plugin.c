@@ -1229,8 +1229,6 @@ static int write_json(const char *path)
                 ",\n  \"ring\": {\"published\": %" PRIu64 ", \"dropped\": %" PRIu64 ", \"full_waits\": %" PRIu64
                 ", \"wait_ns\": %" PRIu64 ", \"producer_state\": %u}",
                 P.ring->head, P.ring->dropped, P.ring->full_waits, P.ring->wait_ns, P.ring->producer_state);
-    }
-    if (P.ring != NULL) {
         fprintf(f,
                 ",\n  \"firmware_waits\": {\"waits\": %" PRIu64 ", \"sleeps\": %" PRIu64
                 ", \"host_wait_ns\": %" PRIu64 "}",
